@@ -1,0 +1,58 @@
+"""Paged attention for a flattened batch: the metadata a step carries and the backend that runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from governor.kernels import paged_attention as kernels
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token's KV goes and which cached context each sequence attends to.
+
+    Sequences are ordered decodes first: the first `num_decodes` have exactly one query token.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each scheduled token
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32: context length including this step's tokens
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    num_decodes: int
+    num_decode_tokens: int
+    max_query_len: int
+    prefill_query_start_loc: torch.Tensor  # [B - num_decodes + 1] int32, rebased to 0
+
+
+class PagedAttention:
+    """Writes this step's K/V into the cache, then attends over each sequence's paged context.
+
+    backend "torch" is the plain-PyTorch reference (CPU); "triton" runs the decode kernel on the
+    decode sequences and the varlen prefill kernel on the rest.
+    """
+
+    def __init__(self, backend: str, scale: float) -> None:
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"attention backend must be 'torch' or 'triton', got {backend!r}")
+        self.backend = backend
+        self.scale = scale
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if self.backend == "torch":
+            return kernels.paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                               meta.query_start_loc, self.scale)
+        out = torch.empty_like(q)
+        nd, ndt = meta.num_decodes, meta.num_decode_tokens
+        if nd:
+            kernels.paged_decode_attention(q[:ndt], k_cache, v_cache, meta.block_tables[:nd],
+                                           meta.seq_lens[:nd], self.scale, out=out[:ndt])
+        if ndt < q.shape[0]:
+            kernels.paged_prefill_attention(q[ndt:], k_cache, v_cache, meta.block_tables[nd:],
+                                            meta.seq_lens[nd:], meta.prefill_query_start_loc,
+                                            meta.max_query_len, self.scale, out=out[ndt:])
+        return out

@@ -1,0 +1,101 @@
+"""Engine subcommands of `governor` (also `python -m governor.engine ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from governor.engine.config import EngineConfig
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Every EngineConfig field except `model` as a --kebab-case flag (defaults left to EngineConfig)."""
+    for name, field in EngineConfig.model_fields.items():
+        if name in ("model",):
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind: Any = {int: int, float: float}.get(field.annotation)  # type: ignore[call-overload]
+        if kind is None and "int" in str(field.annotation):
+            kind = int
+        p.add_argument(flag, dest=name, type=kind or str, default=None, help=field.description)
+
+
+def _engine_args(ns: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(ns, k) for k in EngineConfig.model_fields if k != "model" and getattr(ns, k, None) is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="governor")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    mm = sub.add_parser("make-model", help="write a random-weight Hugging Face checkpoint")
+    mm.add_argument("dir")
+    mm.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3"))
+    mm.add_argument("--preset", default="tiny", choices=("tiny", "small", "qwen3-0.6b", "llama3-8b"))
+    mm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    mm.add_argument("--seed", type=int, default=0)
+    mm.add_argument("--device", default="cpu", help="where weights are generated (cuda is faster for big presets)")
+
+    gen = sub.add_parser("generate", help="offline generation with the engine")
+    gen.add_argument("--model", required=True)
+    gen.add_argument("--prompt", action="append", required=True, help="repeat for several prompts")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    _add_engine_args(gen)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    tp = bsub.add_parser("throughput", help="offline throughput on random prompts (ignore_eos)")
+    tp.add_argument("--model", required=True)
+    tp.add_argument("--num-prompts", type=int, default=64)
+    tp.add_argument("--input-len", default="100:1024", help="a:b, uniform per prompt")
+    tp.add_argument("--output-len", default="100:1024", help="a:b, uniform per prompt")
+    tp.add_argument("--workload-seed", type=int, default=0)
+    tp.add_argument("--backend", default="governor", choices=("governor", "hf"),
+                    help="hf runs the same workload through transformers generate")
+    tp.add_argument("--hf-batch-size", type=int, default=64)
+    tp.add_argument("--output-json", default=None)
+    _add_engine_args(tp)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "make-model":
+        from governor.engine.models.make_model import make_model
+
+        path = make_model(args.dir, arch=args.arch, preset=args.preset, dtype=args.dtype, seed=args.seed,
+                          device=args.device)
+        print(f"wrote {args.arch}/{args.preset} ({args.dtype}) checkpoint to {path}")
+        return 0
+    if args.command == "generate":
+        from governor.engine import LLM, SamplingParams
+
+        llm = LLM(args.model, **_engine_args(args))
+        outs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
+        for o in outs:
+            print(json.dumps({"prompt": o.prompt, "text": o.outputs[0].text,
+                              "token_ids": o.outputs[0].token_ids, "finish_reason": o.outputs[0].finish_reason}))
+        return 0
+    if args.command == "bench" and args.bench == "throughput":
+        from governor.engine.bench_throughput import Workload, bench_throughput, parse_range
+
+        workload = Workload(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
+                            args.workload_seed)
+        env = bench_throughput(args.model, workload, args.backend, _engine_args(args), args.hf_batch_size,
+                               args.output_json)
+        r = env["result"]
+        print(f"{r['backend']}: {r['generated_tokens']} output tokens in {r['elapsed_s']:.2f} s = "
+              f"{r['output_tokens_per_s']:.1f} output tok/s ({r['total_tokens_per_s']:.1f} total tok/s)")
+        if args.output_json:
+            print(f"envelope written to {args.output_json}")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

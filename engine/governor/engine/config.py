@@ -1,0 +1,72 @@
+"""Engine configuration: static `EngineConfig` (fixed at start) and live `Knobs` (tunable per step)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Device = Literal["auto", "cpu", "cuda"]
+AttentionBackend = Literal["auto", "torch", "triton"]
+
+DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+class Knobs(BaseModel):
+    """Live knobs: a change applies at the next step boundary and never needs a restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int = Field(ge=1, description="Most sequences running in one step.")
+    max_num_batched_tokens: int = Field(ge=1, description="Token budget of one step (prefill chunk size).")
+    num_speculative_tokens: int = Field(default=0, ge=0, description="Speculation depth K (0 disables).")
+
+
+class EngineConfig(BaseModel):
+    """Static engine configuration. Hard caps bound every later knob change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Local directory of a Hugging Face checkpoint.")
+    tokenizer: str | None = Field(default=None, description="Tokenizer directory (default: the model's).")
+    dtype: DType = "auto"
+    device: Device = "auto"
+    block_size: int = Field(default=16, ge=1, le=256)
+    max_model_len: int | None = Field(default=None, ge=1)
+    num_kv_blocks: int | None = Field(default=None, ge=1, description="Overrides memory-based sizing.")
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="KV budget (CPU default 256 MiB).")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0,
+                                          description="Fraction of GPU memory free after weights given to KV.")
+    max_num_seqs: int = Field(default=256, ge=1, description="Initial max_num_seqs knob.")
+    max_num_batched_tokens: int = Field(default=8192, ge=1, description="Initial max_num_batched_tokens knob.")
+    max_num_seqs_cap: int | None = Field(default=None, ge=1, description="Hard cap (default: initial value).")
+    max_num_batched_tokens_cap: int | None = Field(default=None, ge=1,
+                                                   description="Hard cap (default: initial value).")
+    seed: int = 0
+    attention_backend: AttentionBackend = "auto"
+
+    @model_validator(mode="after")
+    def _caps_hold_initial_knobs(self) -> EngineConfig:
+        if self.max_num_seqs_cap is not None and self.max_num_seqs > self.max_num_seqs_cap:
+            raise ValueError(f"max_num_seqs={self.max_num_seqs} exceeds max_num_seqs_cap={self.max_num_seqs_cap}")
+        if (self.max_num_batched_tokens_cap is not None
+                and self.max_num_batched_tokens > self.max_num_batched_tokens_cap):
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} exceeds "
+                             f"max_num_batched_tokens_cap={self.max_num_batched_tokens_cap}")
+        return self
+
+    @property
+    def seqs_cap(self) -> int:
+        return self.max_num_seqs_cap or self.max_num_seqs
+
+    @property
+    def tokens_cap(self) -> int:
+        return self.max_num_batched_tokens_cap or self.max_num_batched_tokens
+
+    def initial_knobs(self) -> Knobs:
+        return Knobs(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+
+    def non_default_settings(self) -> dict[str, object]:
+        """Every setting that differs from its default (for experiment envelopes)."""
+        return self.model_dump(exclude_defaults=True)

@@ -1,0 +1,58 @@
+"""Offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from governor.engine.config import EngineConfig
+from governor.engine.llm_engine import LLMEngine, Prompt
+from governor.engine.outputs import RequestOutput
+from governor.engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """Generate offline with the engine. Keyword arguments are `EngineConfig` fields."""
+
+    def __init__(self, model: str, **engine_args: Any) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self._next_id = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Seq[Prompt],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order.
+
+        All requests are validated before any runs, so a bad one raises ValueError and nothing is queued.
+        """
+        if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts
+                                               and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling params")
+        ids = [str(self._next_id + i) for i in range(len(prompts))]
+        self._next_id += len(prompts)
+        for prompt, p in zip(prompts, params, strict=True):
+            self.engine.validate_request(prompt, p)
+        for rid, prompt, p in zip(ids, prompts, params, strict=True):
+            self.engine.add_request(rid, prompt, p)
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                done[out.request_id] = out
+        return [done[rid] for rid in ids]
+
+    def stats(self) -> dict[str, int]:
+        """Engine counters: kv_blocks_total/used, preemptions, prompt/generation tokens, ..."""
+        return self.engine.stats()

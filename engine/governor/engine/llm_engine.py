@@ -1,0 +1,243 @@
+"""The step loop: admit requests, schedule, run the model, sample, stop, free blocks."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from governor.engine.attention import PagedAttention
+from governor.engine.config import EngineConfig, Knobs
+from governor.engine.kv.block_pool import BlockPool
+from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block
+from governor.engine.models.checkpoint import iter_weights, model_digest, tokenizer_digest
+from governor.engine.models.llama import CausalLM
+from governor.engine.models.model_config import load_model_config
+from governor.engine.outputs import CompletionOutput, RequestOutput
+from governor.engine.runner import ModelRunner
+from governor.engine.sampler import sample
+from governor.engine.sampling_params import SamplingParams
+from governor.engine.scheduler import Scheduler
+from governor.engine.sequence import Sequence
+from governor.engine.tokenizer import load_tokenizer
+
+log = logging.getLogger("governor.engine")
+
+Prompt = str | list[int] | dict[str, Any]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    prompt: str | None
+    text: str = ""
+
+
+class LLMEngine:
+    """One model on one device: requests in, finished outputs out, one `step()` at a time."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(_resolve_device(config.device))
+        self.model_config = load_model_config(config.model)
+        mc = self.model_config
+        dtype_name = mc.torch_dtype if config.dtype == "auto" else config.dtype
+        self.dtype = _DTYPES[dtype_name]
+        limit = mc.max_position_embeddings if mc.sliding_window is None else min(mc.max_position_embeddings,
+                                                                                   mc.sliding_window)
+        self.max_model_len = config.max_model_len or limit
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds what the model supports ({limit}: "
+                             "max_position_embeddings" + (", sliding window" if mc.sliding_window else "") + ")")
+        tok_dir = config.tokenizer or config.model
+        self.tokenizer = load_tokenizer(tok_dir)
+        self.model_digest = model_digest(config.model)
+        self.tokenizer_digest = tokenizer_digest(tok_dir)
+
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        self.model = CausalLM(mc, self.dtype, self.device, self.max_model_len,
+                              PagedAttention(backend, mc.head_dim ** -0.5))
+        self.model.load_weights(iter_weights(config.model, self.device))
+
+        self.block_size = config.block_size
+        self.num_blocks = self._num_kv_blocks()
+        min_blocks = -(-self.max_model_len // self.block_size)
+        if self.num_blocks < min_blocks:
+            raise ValueError(f"the KV cache holds {self.num_blocks} blocks of {self.block_size} tokens, fewer than "
+                             f"one max_model_len={self.max_model_len} sequence needs ({min_blocks}); lower "
+                             "max_model_len or give the cache more memory (kv_cache_memory_bytes / num_kv_blocks)")
+        self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size, self.dtype, self.device)
+        log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB); max concurrent max_model_len "
+                 "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
+                 self.num_blocks * bytes_per_block(mc, self.block_size, self.dtype) / 2**20,
+                 self.num_blocks * self.block_size / self.max_model_len)
+
+        self.knobs: Knobs = config.initial_knobs()
+        self.block_pool = BlockPool(self.num_blocks)
+        self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs)
+        self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, config.tokens_cap,
+                                  config.seqs_cap, self.max_model_len, self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(config.seed)
+        self.eos_token_ids = set(mc.eos_token_ids)
+        self._requests: dict[str, _Request] = {}
+        self._arrivals = itertools.count()
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
+
+    def _num_kv_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
+        if cfg.kv_cache_memory_bytes is not None:
+            budget = cfg.kv_cache_memory_bytes
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            budget = int(free * cfg.gpu_memory_utilization)
+        else:
+            from governor.engine.config import DEFAULT_CPU_KV_CACHE_BYTES
+
+            budget = DEFAULT_CPU_KV_CACHE_BYTES
+        return max(1, budget // per_block)
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """(text, token ids) of a prompt given as a string, token ids, or {"prompt"/"prompt_token_ids": ...}."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return None, list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError(f"a dict prompt needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, list | tuple):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def validate_request(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int], int]:
+        """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid."""
+        params.validate()
+        text, ids = self.prompt_token_ids(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
+        if max_tokens < 1:
+            raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room to generate within "
+                             f"max_model_len={self.max_model_len}")
+        if len(ids) + max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
+                             f"exceeds max_model_len={self.max_model_len}")
+        return text, ids, max_tokens
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
+        """Validate and queue a request; raises ValueError with the reason if it cannot be served."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids, max_tokens = self.validate_request(prompt, params)
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(params.seed)
+        seq = Sequence(request_id, next(self._arrivals), ids, params, max_tokens, generator=generator)
+        self._requests[request_id] = _Request(seq, text)
+        self.scheduler.add(seq)
+        self.counters["prompt_tokens"] += len(ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; returns the outputs of requests that finished in it."""
+        out = self.scheduler.schedule()
+        if not out.scheduled:
+            return []
+        logits = self.runner.execute(out)
+        sampling = [s.seq for s in out.scheduled if s.samples]
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_new_tokens
+        self.counters["steps"] += 1
+        if not sampling:
+            return []
+        result = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], self.generator)
+        finished = []
+        for seq, token, lp in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            seq.output_token_ids.append(token)
+            if lp is not None:
+                seq.logprobs.append(lp)
+            self.counters["generation_tokens"] += 1
+            reason = self._check_stop(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self.counters["requests_finished"] += 1
+                finished.append(self._output(self._requests.pop(seq.request_id)))
+        return finished
+
+    def _check_stop(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        req = self._requests[seq.request_id]
+        if p.stop_strings:
+            req.text = self.detokenize(seq)
+            cut = min((i for i in (req.text.find(s) for s in p.stop_strings) if i >= 0), default=-1)
+            if cut >= 0:
+                seq.stop_reason = next(s for s in p.stop_strings if req.text.find(s) == cut)
+                req.text = req.text[:cut]
+                return "stop"
+        if token in p.stop_token_ids:
+            seq.stop_reason = token
+            return "stop"
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def detokenize(self, seq: Sequence) -> str:
+        return str(self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
+
+    def _output(self, req: _Request) -> RequestOutput:
+        seq = req.seq
+        text = req.text if seq.stop_reason is not None and isinstance(seq.stop_reason, str) else self.detokenize(seq)
+        cumulative = None
+        if seq.logprobs:
+            cumulative = sum(lp[t] for lp, t in zip(seq.logprobs, seq.output_token_ids, strict=False))
+        completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason,
+                                      list(seq.logprobs) if seq.params.logprobs is not None else None, cumulative)
+        return RequestOutput(seq.request_id, req.prompt, list(seq.prompt_token_ids), [completion], True,
+                             {"preemptions": float(seq.num_preemptions), "finished_at": time.time()})
+
+    # --- introspection ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "kv_blocks_total": self.num_blocks,
+            "kv_blocks_used": self.block_pool.num_used,
+            "kv_block_size": self.block_size,
+            "preemptions": self.scheduler.num_preemptions,
+            "requests_running": len(self.scheduler.running),
+            "requests_waiting": len(self.scheduler.waiting),
+            **self.counters,
+        }
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device='cpu'")
+    return device

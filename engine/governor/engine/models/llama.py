@@ -1,0 +1,214 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+
+The batch is flattened: `input_ids` and `positions` are [T] for all scheduled tokens of all sequences;
+attention reads and writes the paged cache through `AttentionMetadata`. Layers follow Hugging Face's
+math exactly (fp32 RMSNorm statistics, rotate-half rotary) so fp32 outputs match transformers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from governor.engine.attention import AttentionMetadata, PagedAttention
+from governor.engine.models.model_config import ModelConfig, RopeConfig
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(dim, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Inverse frequencies, with Llama 3's wavelength-dependent scaling or linear scaling applied."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for every position up to max_positions, kept in fp32 (cast per use, as HF does)."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(rope, head_dim))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(device), persistent=False)
+        self.register_buffer("sin", emb.sin().to(device), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # q, k and v projections fused into one matmul: rows [q | k | v].
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.qkv_bias = (_param(self.q_size + 2 * self.kv_size, dtype=dtype, device=device)
+                         if cfg.attention_bias else None)
+        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=dtype, device=device)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = self.backend(q, k, v, kv_cache, meta)
+        return F.linear(out.reshape(-1, self.q_size), self.o_weight)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        # gate and up projections fused: rows [gate | up].
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(cfg, dtype, device, backend)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MLP(cfg, dtype, device)
+
+
+class CausalLM(nn.Module):
+    """Decoder-only transformer of the Llama family; forward over a flattened, paged batch."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
+                 backend: PagedAttention) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, backend) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
+                        else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
+        self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states after the final norm, [T, hidden]."""
+        h = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rotary, kv_cache, meta)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+    @torch.inference_mode()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into the fused parameters; every parameter must be filled."""
+        cfg = self.cfg
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        inter = cfg.intermediate_size
+        fused_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
+                      "gate_proj": (0, inter), "up_proj": (inter, 2 * inter)}
+        pending: dict[str, int] = {}  # parameter name → rows still to fill (fused) or 1
+        for name, param in self.named_parameters(remove_duplicate=True):
+            pending[name] = param.shape[0] if name.endswith(("qkv_weight", "qkv_bias", "gate_up_weight")) else 1
+        layer_re = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp|input_layernorm|post_attention_layernorm)"
+                              r"(?:\.(\w+))?\.(weight|bias)$")
+        for hf_name, tensor in weights:
+            target, rows = self._target(hf_name, layer_re, fused_rows)
+            if target is None:
+                if "rotary_emb" in hf_name or (hf_name == "lm_head.weight" and cfg.tie_word_embeddings):
+                    continue
+                raise ValueError(f"unexpected tensor {hf_name!r} in checkpoint for {cfg.architecture}")
+            param = self.get_parameter(target)
+            dest = param.data if rows is None else param.data[rows[0]:rows[1]]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(dest.shape)} from config.json")
+            dest.copy_(tensor)
+            pending[target] -= dest.shape[0] if rows is not None else 1
+        missing = [n for n, left in pending.items() if left > 0]
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
+                             + (" ..." if len(missing) > 8 else ""))
+
+    def _target(self, hf_name: str, layer_re: re.Pattern[str],
+                fused_rows: dict[str, tuple[int, int]]) -> tuple[str | None, tuple[int, int] | None]:
+        if hf_name == "model.embed_tokens.weight":
+            return "embed_tokens", None
+        if hf_name == "model.norm.weight":
+            return "norm.weight", None
+        if hf_name == "lm_head.weight":
+            return (None, None) if self.cfg.tie_word_embeddings else ("lm_head", None)
+        m = layer_re.match(hf_name)
+        if m is None:
+            return None, None
+        i, block, sub, kind = m.group(1), m.group(2), m.group(3), m.group(4)
+        prefix = f"layers.{i}."
+        if block in ("input_layernorm", "post_attention_layernorm"):
+            return prefix + f"{block}.weight", None
+        if block == "self_attn":
+            if sub in ("q_proj", "k_proj", "v_proj"):
+                return prefix + f"self_attn.qkv_{kind}", fused_rows[sub]
+            if sub == "o_proj" and kind == "weight":
+                return prefix + "self_attn.o_weight", None
+            if sub in ("q_norm", "k_norm") and self.cfg.qk_norm:
+                return prefix + f"self_attn.{sub}.weight", None
+        if block == "mlp":
+            if sub in ("gate_proj", "up_proj") and kind == "weight":
+                return prefix + "mlp.gate_up_weight", fused_rows[sub]
+            if sub == "down_proj" and kind == "weight":
+                return prefix + "mlp.down_weight", None
+        return None, None

@@ -1,0 +1,144 @@
+"""What the engine needs to know about a checkpoint, read from its config.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# architectures entry → family flags. Mistral is the Llama graph; Qwen2 adds qkv bias; Qwen3 adds q/k norm.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+    torch_dtype: str
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint is not one the engine can run; the message names what is supported."""
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    # transformers 5 writes `rope_parameters`; older checkpoints write rope_theta + rope_scaling.
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope scaling type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    return RopeConfig(
+        theta=theta,
+        rope_type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _eos_ids(raw: dict[str, Any], model_dir: Path) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (raw, _read_json(model_dir / "generation_config.json")):
+        value = source.get("eos_token_id")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in ids:
+                ids.append(v)
+    return tuple(ids)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read and validate config.json of a Hugging Face checkpoint directory."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: the model must be a local Hugging Face checkpoint directory "
+                                "(config.json + safetensors + tokenizer files)")
+    raw = _read_json(path)
+    archs = raw.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise UnsupportedModelError(
+            f"architecture {archs or raw.get('model_type')!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (Llama 2/3, Mistral, Qwen2/2.5, Qwen3)")
+    family = SUPPORTED_ARCHITECTURES[arch]
+    num_heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+    if num_heads % num_kv_heads:
+        raise UnsupportedModelError(f"num_attention_heads={num_heads} is not a multiple of "
+                                    f"num_key_value_heads={num_kv_heads}")
+    head_dim = int(raw.get("head_dim") or hidden // num_heads)
+    sliding = raw.get("sliding_window")
+    if family in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        sliding = None
+    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "float32")
+    attention_bias = True if family == "qwen2" else bool(raw.get("attention_bias", False))
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"hidden_act {raw.get('hidden_act')!r} is not supported; supported: silu")
+    return ModelConfig(
+        architecture=arch,
+        family=family,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]),
+        num_layers=int(raw["num_hidden_layers"]),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope=_rope_config(raw),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention_bias=attention_bias,
+        qk_norm=family == "qwen3",
+        sliding_window=int(sliding) if sliding else None,
+        torch_dtype=dtype if dtype in SUPPORTED_DTYPES else "float32",
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=_eos_ids(raw, model_dir),
+    )

@@ -1,0 +1,82 @@
+"""Turns a step's logits into next tokens: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from governor.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    # Per row: {token_id: logprob} with the chosen token and the top-n, or None when not requested.
+    logprobs: list[dict[int, float] | None]
+
+
+def _filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Logits scaled by temperature with top-k, top-p and min-p applied (masked to -inf)."""
+    device = logits.device
+    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+    x = logits / temps.unsqueeze(1)
+    vocab = x.shape[1]
+    top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
+    if min(top_ks) < vocab:
+        k = torch.tensor(top_ks, device=device).clamp(max=vocab)
+        kth = x.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
+        x = x.masked_fill(x < kth, float("-inf"))
+    if any(p.top_p < 1.0 for p in params):
+        top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
+        sorted_x, order = x.sort(dim=1, descending=True)
+        probs = sorted_x.softmax(dim=1)
+        # Drop a token when the mass before it already reaches top_p (the top token always stays).
+        drop_sorted = (probs.cumsum(dim=1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        probs = x.softmax(dim=1)
+        x = x.masked_fill(probs < min_p * probs.max(dim=1, keepdim=True).values, float("-inf"))
+    return x
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           default_generator: torch.Generator | None = None) -> SampleResult:
+    """Sample one token per row of fp32 `logits` [B, V].
+
+    Random rows use the exponential-race trick (argmax of p / E, E ~ Exp(1)), which draws exactly
+    from p; a row with its own generator (a request seed) draws only from it, so its output does not
+    depend on what else shares the batch.
+    """
+    greedy_tokens = logits.argmax(dim=1)
+    if all(p.greedy for p in params):
+        tokens = greedy_tokens
+    else:
+        probs = _filtered_logits(logits, params).softmax(dim=1)
+        noise = torch.empty_like(probs).exponential_(generator=default_generator)
+        for i, g in enumerate(generators):
+            if g is not None and not params[i].greedy:
+                noise[i].exponential_(generator=g)
+        sampled = (probs / noise).argmax(dim=1)
+        is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        tokens = torch.where(is_greedy, greedy_tokens, sampled)
+    token_list = tokens.tolist()  # the one host sync of a step
+
+    logprobs: list[dict[int, float] | None] = [None] * len(params)
+    wanted = [p.logprobs for p in params]
+    if any(n is not None for n in wanted):
+        lp = logits.log_softmax(dim=1)
+        n_max = max(n or 0 for n in wanted)
+        top_vals, top_ids = lp.topk(max(n_max, 1), dim=1)
+        chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+        top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
+        for i, n in enumerate(wanted):
+            if n is None:
+                continue
+            row = {token_list[i]: chosen[i]}
+            for tid, val in zip(top_ids_l[i][:n], top_vals_l[i][:n], strict=True):
+                row.setdefault(tid, val)
+            logprobs[i] = row
+    return SampleResult(token_list, logprobs)

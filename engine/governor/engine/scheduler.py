@@ -1,0 +1,128 @@
+"""Who runs this step: decodes first, then prefill chunks into the remaining token budget."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from governor.engine.config import Knobs
+from governor.engine.kv.block_pool import BlockPool
+from governor.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the end of the known tokens, so a new token is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    num_preempted: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill and recompute preemption.
+
+    Each step: running sequences that decode go first (protects inter-token latency), then running
+    sequences still in prefill, then waiting sequences are admitted while `max_num_seqs` and the
+    token budget allow. When KV blocks run out, the newest running sequence not yet scheduled this
+    step is preempted: its blocks are freed and it is recomputed later. A request is never dropped.
+    """
+
+    def __init__(self, block_pool: BlockPool, block_size: int, knobs: Knobs) -> None:
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.knobs = knobs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order, oldest first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _fits(self, seq: Sequence, n: int) -> int:
+        """How many of the next n tokens of seq fit in its blocks plus the free blocks."""
+        capacity = (len(seq.block_table) + self.block_pool.num_free) * self.block_size
+        return max(0, min(n, capacity - seq.num_computed_tokens))
+
+    def _allocate(self, seq: Sequence, n: int) -> None:
+        needed = -(-(seq.num_computed_tokens + n) // self.block_size) - len(seq.block_table)
+        if needed > 0:
+            seq.block_table.extend(self.block_pool.allocate(needed))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_pool.free(seq.block_table)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        # Victims are taken newest first, so appendleft keeps the waiting queue oldest-first.
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.knobs.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        taken: set[int] = set()
+        preempted_before = self.num_preemptions
+
+        order = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(seq.num_uncomputed_tokens, budget)
+            fit = self._fits(seq, n)
+            while fit < n:
+                victims = [s for s in self.running if id(s) not in taken and s is not seq]
+                if not victims:
+                    break
+                self._preempt(victims[-1])
+                fit = self._fits(seq, n)
+            if fit == 0:
+                self._preempt(seq)
+                continue
+            self._allocate(seq, fit)
+            scheduled.append(ScheduledSeq(seq, fit))
+            taken.add(id(seq))
+            budget -= fit
+
+        while self.waiting and budget > 0 and len(self.running) < self.knobs.max_num_seqs:
+            seq = self.waiting[0]
+            fit = self._fits(seq, min(seq.num_uncomputed_tokens, budget))
+            if fit == 0:
+                break  # admission never preempts: wait for blocks to free up
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._allocate(seq, fit)
+            scheduled.append(ScheduledSeq(seq, fit))
+            taken.add(id(seq))
+            budget -= fit
+
+        return SchedulerOutput(scheduled, self.num_preemptions - preempted_before)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark seq finished and return its blocks to the pool."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.block_pool.free(seq.block_table)
+        seq.block_table = []
+        self.running.remove(seq)

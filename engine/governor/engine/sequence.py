@@ -1,0 +1,68 @@
+"""One request's state as it moves through the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from governor.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """A request: its tokens, its KV blocks and how far its KV has been computed.
+
+    Invariant: `num_computed_tokens <= num_tokens`, and the sequence's block table holds exactly
+    ceil(num_computed_tokens / block_size) blocks after each step (more only while a step is in flight).
+    """
+
+    request_id: str
+    arrival: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    output_token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    generator: torch.Generator | None = None
+    # Per generated token: {token_id: logprob} for the chosen token and the top-n alternatives.
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when exactly the last sampled token still needs its KV (a decode step)."""
+        return self.num_uncomputed_tokens == 1 and bool(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

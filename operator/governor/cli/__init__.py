@@ -1,0 +1,32 @@
+"""The `governor` command: one entry point, each subcommand imported only when used.
+
+This module is torch-free so the operator image (no torch) can run `governor operator`.
+Engine subcommands are dispatched to `governor.engine.cli`, which imports torch lazily.
+"""
+
+from __future__ import annotations
+
+import sys
+
+ENGINE_COMMANDS = ("make-model", "bench", "generate")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: governor {" + ",".join(ENGINE_COMMANDS) + "} ...\n")
+        print("  make-model   write a random-weight Hugging Face checkpoint (tests, demos, benchmarks)")
+        print("  bench        benchmarks: `governor bench throughput --model DIR ...`")
+        print("  generate     offline generation with the engine")
+        return 0 if args else 2
+    if args[0] in ENGINE_COMMANDS:
+        from governor.engine.cli import main as engine_main
+
+        return engine_main(args)
+    print(f"governor: unknown command {args[0]!r}; expected one of {', '.join(ENGINE_COMMANDS)}",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

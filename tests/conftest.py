@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints built with transformers (the oracle).
+
+Triton kernels run on CPU through the interpreter when no GPU is present.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from governor.engine.models.tokenizer_builder import VOCAB_SIZE, write_tokenizer  # noqa: E402
+
+# Each entry: transformers config class name and its kwargs. Shapes are tiny; the variants cover
+# GQA and MQA, tied and untied embeddings, qkv bias (Qwen2), q/k norm with explicit head_dim (Qwen3),
+# and Llama 3 rope scaling with a short original context so the scaling matters at test lengths.
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=512, vocab_size=VOCAB_SIZE + 48)
+ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", dict(TINY, num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama3-rope-mqa": ("LlamaConfig", dict(
+        TINY, num_key_value_heads=1, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", dict(TINY, num_key_value_heads=2, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(TINY, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(TINY, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False)),
+}
+
+
+def build_hf_checkpoint(out_dir: Path, arch: str, seed: int = 0, weight_scale: float = 3.0,
+                        dtype: torch.dtype = torch.float32) -> Path:
+    """Build a random transformers model of `arch`, scale its weights (so greedy picks are not near-ties),
+    save it with a real tokenizer, and return the directory."""
+    import transformers
+
+    cls_name, kwargs = ARCHS[arch]
+    config = getattr(transformers, cls_name)(**kwargs, bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(weight_scale)
+    model.to(dtype).save_pretrained(out_dir)
+    write_tokenizer(out_dir, model_max_length=kwargs["max_position_embeddings"])
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`hf_checkpoint(arch)` → directory of a cached tiny checkpoint for that architecture."""
+    cache: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in cache:
+            cache[arch] = build_hf_checkpoint(tmp_path_factory.mktemp(arch), arch)
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Callable[[Path], Any]:
+    """`hf_model(dir)` → the transformers model (fp32, eval) loaded from a checkpoint directory, cached."""
+    import transformers
+
+    cache: dict[Path, Any] = {}
+
+    def get(path: Path) -> Any:
+        if path not in cache:
+            cache[path] = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        return cache[path]
+
+    return get
