@@ -12,13 +12,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-import pytest  # noqa: E402
+import pytest
 
-from governor.engine.models.tokenizer_builder import VOCAB_SIZE, write_tokenizer  # noqa: E402
+from governor.engine.models.tokenizer_builder import VOCAB_SIZE, write_tokenizer
 
 # Each entry: transformers config class name and its kwargs. Shapes are tiny; the variants cover
 # GQA and MQA, tied and untied embeddings, qkv bias (Qwen2), q/k norm with explicit head_dim (Qwen3),

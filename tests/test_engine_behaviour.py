@@ -11,11 +11,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.test_engine_parity import greedy, mixed_prompts
 
 from governor.engine import LLM, SamplingParams
 from governor.engine.models.checkpoint import model_digest
 from governor.engine.models.model_config import UnsupportedModelError, load_model_config
-from tests.test_engine_parity import greedy, mixed_prompts
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_greedy_output_does_not_depend_on_knobs_or_batch(qwen3: Path) -> None:
     alone = LLM(str(qwen3), dtype="float32").generate([target], greedy())[0].outputs[0].token_ids
     for args in ({"max_num_seqs": 1}, {"max_num_seqs": 3, "max_num_batched_tokens": 5},
                  {"max_num_batched_tokens": 1}, {"max_num_seqs": 8, "max_num_batched_tokens": 64}):
-        outs = LLM(str(qwen3), dtype="float32", **args).generate(others[:3] + [target] + others[3:], greedy())
+        outs = LLM(str(qwen3), dtype="float32", **args).generate([*others[:3], target, *others[3:]], greedy())
         assert outs[3].outputs[0].token_ids == alone, args
 
 
@@ -94,7 +94,7 @@ def test_same_seed_same_output_regardless_of_batch(llm: LLM) -> None:
     p = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
     prompt = mixed_prompts(1, seed=1)[0]
     a = llm.generate([prompt], p)[0].outputs[0].token_ids
-    b = llm.generate(mixed_prompts(3, seed=2) + [prompt], [SamplingParams(temperature=0.8, max_tokens=5)] * 3 + [p])
+    b = llm.generate([*mixed_prompts(3, seed=2), prompt], [SamplingParams(temperature=0.8, max_tokens=5)] * 3 + [p])
     assert b[3].outputs[0].token_ids == a
     other = llm.generate([prompt], SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True))
     assert other[0].outputs[0].token_ids != a
@@ -210,7 +210,7 @@ def test_invalid_sampling_values_raise(kwargs, match: str) -> None:
 
 def test_unsupported_architecture_names_supported_ones(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(UnsupportedModelError, match=r"LlamaForCausalLM.*Qwen3ForCausalLM"):
         load_model_config(tmp_path)
 
 

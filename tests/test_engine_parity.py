@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import ARCHS
 
 from governor.engine import LLM, SamplingParams
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.sequence import Sequence
-from tests.conftest import ARCHS
 
 NEW_TOKENS = 24
 

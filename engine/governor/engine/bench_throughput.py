@@ -109,7 +109,8 @@ def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: 
 
     tok = load_tokenizer(model)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+    hf: Any = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    hf = hf.to(device).eval()
     vocab = min(hf.config.vocab_size, len(tok))
     prompts, out_lens = workload.make(vocab)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0

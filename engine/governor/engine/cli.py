@@ -17,10 +17,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         if name in ("model",):
             continue
         flag = "--" + name.replace("_", "-")
-        kind: Any = {int: int, float: float}.get(field.annotation)  # type: ignore[call-overload]
-        if kind is None and "int" in str(field.annotation):
-            kind = int
-        p.add_argument(flag, dest=name, type=kind or str, default=None, help=field.description)
+        annotation = str(field.annotation)
+        kind: Any = float if "float" in annotation else int if "int" in annotation else str
+        p.add_argument(flag, dest=name, type=kind, default=None, help=field.description)
 
 
 def _engine_args(ns: argparse.Namespace) -> dict[str, Any]:

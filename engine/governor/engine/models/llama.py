@@ -60,8 +60,8 @@ class Rotary(nn.Module):
         super().__init__()
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(rope, head_dim))
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos().to(device), persistent=False)
-        self.register_buffer("sin", emb.sin().to(device), persistent=False)
+        self.cos: torch.Tensor = emb.cos().to(device)
+        self.sin: torch.Tensor = emb.sin().to(device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
@@ -133,7 +133,8 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, backend) for _ in range(cfg.num_layers))
+        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend) for _ in range(cfg.num_layers)]
+        self.layers = nn.ModuleList(self.decoder_layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
                         else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
@@ -144,7 +145,7 @@ class CausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]."""
         h = F.embedding(input_ids, self.embed_tokens)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
             h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rotary, kv_cache, meta)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.norm(h)
