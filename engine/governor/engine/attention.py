@@ -42,10 +42,11 @@ class PagedAttention:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if self.backend == "torch":
+            kernels.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
             return kernels.paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                                meta.query_start_loc, self.scale)
+        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         nd, ndt = meta.num_decodes, meta.num_decode_tokens
         if nd:

@@ -64,6 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except (ValueError, FileNotFoundError) as e:  # pydantic's ValidationError is a ValueError
+        print(f"governor {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "make-model":
         from governor.engine.models.make_model import make_model
 

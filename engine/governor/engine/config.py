@@ -69,4 +69,4 @@ class EngineConfig(BaseModel):
 
     def non_default_settings(self) -> dict[str, object]:
         """Every setting that differs from its default (for experiment envelopes)."""
-        return self.model_dump(exclude_defaults=True)
+        return self.model_dump(exclude_defaults=True, exclude={"model"})

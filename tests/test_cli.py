@@ -1,0 +1,70 @@
+"""The `governor` command: make-model → generate → bench throughput, end to end on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from governor.cli import main as governor_main
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "governor.engine", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "model"
+    assert governor_main(["make-model", str(path), "--arch", "llama", "--preset", "tiny", "--dtype", "float32"]) == 0
+    return path
+
+
+def test_generate_prints_one_json_line_per_prompt(tiny_model: Path) -> None:
+    proc = run("generate", "--model", str(tiny_model), "--prompt", "hello there", "--prompt", "a b c",
+               "--max-tokens", "5", "--max-num-seqs", "2")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [d["prompt"] for d in lines] == ["hello there", "a b c"]
+    assert all(len(d["token_ids"]) <= 5 for d in lines)
+
+
+def test_bench_throughput_writes_the_experiment_envelope(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = run("bench", "throughput", "--model", str(tiny_model), "--num-prompts", "6", "--input-len", "4:12",
+               "--output-len", "3:7", "--max-num-seqs", "4", "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "output tok/s" in proc.stdout
+    env = json.loads(out.read_text())
+    r = env["result"]
+    assert env["workload"] == {"num_prompts": 6, "input_len": [4, 12], "output_len": [3, 7], "seed": 0,
+                               "ignore_eos": True, "prompts": "random token ids"}
+    assert 6 * 3 <= r["generated_tokens"] <= 6 * 7
+    assert r["engine_settings_non_default"] == {"max_num_seqs": 4}
+    assert r["model_digest"].startswith("sha256:") and env["hardware"]["torch"]
+    assert r["output_tokens_per_s"] > 0
+
+
+def test_bench_throughput_hf_backend_runs_the_same_workload(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "hf.json"
+    proc = run("bench", "throughput", "--model", str(tiny_model), "--num-prompts", "4", "--input-len", "4:12",
+               "--output-len", "3:7", "--backend", "hf", "--hf-batch-size", "2", "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())["result"]
+    assert r["backend"] == "hf-transformers-generate" and r["batch_size"] == 2
+    assert 4 * 3 <= r["generated_tokens"] <= 4 * 7
+
+
+def test_unknown_command_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert governor_main(["frobnicate"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_bad_engine_argument_is_reported_not_a_traceback(tiny_model: Path) -> None:
+    proc = run("generate", "--model", str(tiny_model), "--prompt", "x", "--block-size", "0")
+    assert proc.returncode != 0
+    assert "block_size" in proc.stderr and "Traceback" not in proc.stderr
