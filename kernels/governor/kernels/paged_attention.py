@@ -1,0 +1,803 @@
+"""Paged attention: KV-cache writes, decode and (chunked) prefill attention over a paged KV cache.
+
+Each Triton kernel sits beside its plain-PyTorch reference (`write_kv_ref`, `paged_attention_ref`);
+the references are the oracles in tests and the CPU production path for tiny models.
+
+Layout (the engine relies on it):
+- `k_cache`, `v_cache`: [num_blocks, block_size, num_kv_heads, head_dim]; the token at slot
+  `s` lives at block `s // block_size`, offset `s % block_size`.
+- `block_tables`: int32 [num_seqs, max_blocks_per_seq]; entry `j` of row `i` is the block holding
+  tokens `j * block_size .. (j + 1) * block_size - 1` of sequence `i`. Entries past the sequence's
+  last block are never read.
+- `seq_lens`: int32 [num_seqs]; tokens of context in the cache, including this step's queries
+  (whose K/V `write_kv` has already stored).
+- `query_start_loc`: int32 [num_seqs + 1]; the queries of sequence `i` are
+  `q[query_start_loc[i]:query_start_loc[i + 1]]` and are the last `q_len_i` tokens of its context:
+  query `j` sits at absolute position `seq_lens[i] - q_len_i + j` and attends causally to keys
+  `0 ..` that position. Precondition (not checked on device, it would sync): `q_len_i <= seq_lens[i]`.
+- GQA/MQA: query head `h` reads kv head `h // (num_q_heads // num_kv_heads)`.
+
+A sequence with `seq_lens[i] == 0` (a padding row of a CUDA-graph batch) gets an all-zero output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Decided once, when the kernels are decorated: triton reads TRITON_INTERPRET at `@triton.jit` time.
+_INTERPRET = bool(triton.knobs.runtime.interpret)
+
+_LOG2E = 1.4426950408889634
+
+# Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
+_TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
+_PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
+_MIN_DOT = 16
+
+# Split-KV heuristic: split a decode batch whose (seq, kv head) programs fill too few SMs.
+_SPLIT_MIN_PARTITION = 512  # tokens; smaller partitions cost more in the reduce than they gain
+_SPLIT_MAX = 64
+_PROGRAMS_PER_SM = 4
+
+
+# ----------------------------------------------------------------------------------------------
+# write_kv
+# ----------------------------------------------------------------------------------------------
+
+
+def write_kv_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store `key`/`value` [T, num_kv_heads, head_dim] at `slot_mapping` [T] (int64) in place.
+
+    Slots < 0 are padding and are skipped. Plain torch indexing; the boolean mask syncs with the
+    host, so this is the CPU path (`write_kv` uses a kernel on GPU, safe in CUDA graphs).
+    """
+    _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep].to(k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep].to(v_cache.dtype)
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    HEAD_DIM: tl.constexpr,
+):
+    # One program per (token, kv head): one contiguous head_dim row each for K and V.
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    d = tl.arange(0, HEAD_DIM)
+    k = tl.load(key_ptr + token * stride_kt + head * stride_kh + d)
+    v = tl.load(value_ptr + token * stride_vt + head * stride_vh + d)
+    kc = k_cache_ptr + slot * stride_kc_slot + head * stride_kc_h + d
+    vc = v_cache_ptr + slot * stride_vc_slot + head * stride_vc_h + d
+    tl.store(kc, k.to(kc.dtype.element_ty))
+    tl.store(vc, v.to(vc.dtype.element_ty))
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store `key`/`value` [T, num_kv_heads, head_dim] at `slot_mapping` [T] (int64) in place.
+
+    Slots < 0 are padding and are skipped. On CUDA (or under TRITON_INTERPRET=1) a Triton kernel
+    does it without a host sync, so it can be captured in a CUDA graph; otherwise `write_kv_ref`.
+    """
+    if not _triton_usable(key):
+        write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+        return
+    _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    _require_pow2_head_dim(head_dim, "write_kv")
+    # Flattened slot view: stride over (block, offset) pairs is the offset stride when blocks are dense.
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    _write_kv_kernel[(num_tokens, num_kv_heads)](
+        key,
+        value,
+        k_flat,
+        v_flat,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        k_flat.stride(0),
+        k_flat.stride(1),
+        v_flat.stride(0),
+        v_flat.stride(1),
+        HEAD_DIM=head_dim,
+    )
+
+
+def _check_write_kv_args(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    _check_cache(k_cache, v_cache)
+    expected = (key.shape[0], k_cache.shape[2], k_cache.shape[3])
+    if tuple(key.shape) != expected or tuple(value.shape) != expected:
+        raise ValueError(
+            f"write_kv: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
+            f"[T, num_kv_heads, head_dim] = {expected} to match the cache {tuple(k_cache.shape)}"
+        )
+    if slot_mapping.shape != (key.shape[0],) or slot_mapping.dtype != torch.int64:
+        raise ValueError(
+            f"write_kv: slot_mapping must be int64 [{key.shape[0]}], "
+            f"got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
+        )
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError("write_kv: key and value need a contiguous last (head_dim) dimension")
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference attention
+# ----------------------------------------------------------------------------------------------
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of varlen queries over a paged KV cache, in float32; the oracle.
+
+    q: [T, num_q_heads, head_dim]; returns [T, num_q_heads, head_dim] in q.dtype. Loops over
+    sequences (one host sync for the lengths) and is vectorized within each.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    if query_start_loc.shape != (seq_lens.shape[0] + 1,):
+        raise ValueError(
+            f"query_start_loc must be [num_seqs + 1] = [{seq_lens.shape[0] + 1}], got {tuple(query_start_loc.shape)}"
+        )
+    group = num_q_heads // num_kv_heads
+    block_size = k_cache.shape[1]
+    out = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_begin, q_end = starts[i], starts[i + 1]
+        q_len = q_end - q_begin
+        if q_len == 0 or seq_len == 0:
+            continue
+        if q_len > seq_len:
+            raise ValueError(f"sequence {i}: {q_len} queries but only {seq_len} tokens of context")
+        blocks = block_tables[i, : -(-seq_len // block_size)].long()
+        # [seq_len, kv heads, D] -> [kv heads, seq_len, D]
+        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float().transpose(0, 1)
+        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float().transpose(0, 1)
+        # [q_len, Hq, D] -> [kv heads, group * q_len, D]: a group's heads share one K/V.
+        qi = q[q_begin:q_end].float().reshape(q_len, num_kv_heads, group, head_dim)
+        qi = qi.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
+        scores = torch.bmm(qi, k.transpose(1, 2)) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device).repeat(group)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        o = torch.bmm(scores.softmax(dim=-1), v)  # [kv heads, group * q_len, D]
+        o = o.reshape(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
+        out[q_begin:q_end] = o.reshape(q_len, num_q_heads, head_dim).to(q.dtype)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared inner step: one tile of keys against a block of query rows, online softmax
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    start,
+    kv_end,
+    q_pos,
+    kv_head,
+    qk_scale,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    # Keys start .. start + TILE_N - 1; each key finds its block through the block table, so a
+    # tile may span several (non-contiguous) blocks and block_size need not match the tile.
+    k_pos = start + tl.arange(0, TILE_N)
+    k_valid = k_pos < kv_end
+    block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
+    offset = (k_pos % BLOCK_SIZE).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM)
+    k_ptrs = k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh
+    v_ptrs = v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh
+    k = tl.load(k_ptrs + d[None, :], mask=k_valid[:, None], other=0.0)
+    v = tl.load(v_ptrs + d[None, :], mask=k_valid[:, None], other=0.0)
+
+    # Scores in the log2 domain (exp2 is the native instruction): s = q.k * scale * log2(e).
+    if INTERPRET:
+        # The interpreter's tl.dot misreads bfloat16 operands; fp32 products of bf16/fp16 values
+        # are exact, as on tensor cores, so this is the same math.
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s = s * qk_scale
+    allowed = k_valid[None, :]
+    if CAUSAL:
+        allowed = allowed & (k_pos[None, :] <= q_pos[:, None])
+    s = tl.where(allowed, s, float("-inf"))
+
+    # m_i starts finite (-1e30), so a row whose keys are all masked in this tile keeps alpha = 1
+    # and p = 0 instead of producing NaN from (-inf) - (-inf).
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # p is rounded to V's dtype for the tensor-core product, as in FlashAttention.
+    p = p.to(v.dtype)
+    if INTERPRET:
+        pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p, v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_range(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_row_ptr,
+    kv_begin,
+    kv_end,
+    q_pos,
+    kv_head,
+    qk_scale,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    # Keys kv_begin .. kv_end - 1, TILE_N at a time.
+    if INTERPRET:
+        # The interpreter cannot take a loaded scalar as a range() bound (its scalars are
+        # 1-element arrays, which numpy 2 refuses to convert to int); a while condition accepts one.
+        start = kv_begin
+        while start < kv_end:
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row_ptr, start, kv_end, q_pos,
+                kv_head, qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                BLOCK_SIZE, TILE_N, HEAD_DIM, CAUSAL, DOT_PRECISION, INTERPRET,
+            )  # fmt: skip
+            start += TILE_N
+    else:
+        # A for loop lets the compiler software-pipeline the K/V loads.
+        for start in range(kv_begin, kv_end, TILE_N):
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row_ptr, start, kv_end, q_pos,
+                kv_head, qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                BLOCK_SIZE, TILE_N, HEAD_DIM, CAUSAL, DOT_PRECISION, INTERPRET,
+            )  # fmt: skip
+    return m_i, l_i, acc
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode: one query per sequence
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    qk_scale,
+    partition_size,
+    num_q_heads,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    # Program (seq, kv head, partition): all GROUP query heads of the kv head at once, so each K/V
+    # row is read once per group. Rows >= GROUP are padding (tl.dot needs >= 16 rows).
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if SPLIT:
+        # Partitions past seq_len run no tiles; the reduce ignores them (it recounts valid ones).
+        kv_begin = split * partition_size
+        kv_end = tl.minimum(seq_len, kv_begin + partition_size)
+    else:
+        kv_begin = 0
+        kv_end = seq_len
+
+    g = tl.arange(0, GROUP_PAD)
+    row_valid = g < GROUP
+    head = kv_head * GROUP + g
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_valid[:, None],
+        other=0.0,
+    )
+
+    m_i = tl.full([GROUP_PAD], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    m_i, l_i, acc = _attend_range(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, kv_begin, kv_end, g, kv_head, qk_scale,
+        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET,
+    )  # fmt: skip
+
+    if SPLIT:
+        # Unnormalized partials; the reduce rescales them to a common max.
+        row = (seq * num_q_heads + head).to(tl.int64) * num_splits + split
+        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_m_ptr + row, m_i, mask=row_valid)
+        tl.store(part_l_ptr + row, l_i, mask=row_valid)
+    else:
+        # l_i == 0 only for an empty sequence: its output is 0, not NaN.
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_ptrs = out_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    seq_lens_ptr,
+    partition_size,
+    num_q_heads,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    # Program (seq, q head): merge the valid partitions' (m, l, acc) into softmax-weighted output.
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_valid = tl.cdiv(seq_len, partition_size)
+    s = tl.arange(0, SPLITS_PAD)
+    valid = s < num_valid
+    row = (seq * num_q_heads + head).to(tl.int64) * num_splits + s
+    m = tl.load(part_m_ptr + row, mask=valid, other=float("-inf"))
+    l_part = tl.load(part_l_ptr + row, mask=valid, other=0.0)
+    # Every valid partition holds >= 1 key, so m_max is finite whenever any is; the floor keeps an
+    # empty sequence (no valid partition) from computing (-inf) - (-inf).
+    m_max = tl.maximum(tl.max(m, axis=0), -1.0e30)
+    w = tl.where(valid, tl.exp2(m - m_max), 0.0)
+    d = tl.arange(0, HEAD_DIM)
+    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None], other=0.0)
+    total = tl.sum(w * l_part, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:
+    """Decode attention: one query per sequence, q [B, num_q_heads, head_dim] -> [B, Hq, D].
+
+    Each query sits at position `seq_lens[b] - 1` and attends to the whole context. One program
+    per (sequence, kv head) serves the GQA group; for long contexts over few programs the context
+    is also split into partitions (split-KV) merged by a small reduce kernel.
+
+    `num_splits`: None picks automatically (from `max_seq_len` if given, else the block-table
+    capacity, so no host sync and the choice is stable under CUDA graphs); 1 disables split-KV.
+    `max_seq_len`: an upper bound on `seq_lens` known on the host, to size partitions tighter.
+    """
+    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    _require_triton(q, "paged_decode_attention")
+    batch, num_q_heads, head_dim = q.shape
+    if block_tables.shape[0] != batch:
+        raise ValueError(
+            f"paged_decode_attention: q has {batch} sequences but block_tables has {block_tables.shape[0]}"
+        )
+    out = _check_out(out, q)
+    if batch == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    block_size = k_cache.shape[1]
+    context_bound = block_tables.shape[1] * block_size if max_seq_len is None else max_seq_len
+    context_bound = max(context_bound, 1)
+    if num_splits is None:
+        num_splits = _choose_num_splits(batch * num_kv_heads, context_bound, q.device)
+    if num_splits < 1:
+        raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
+    # Partitions are whole tiles so that no tile straddles two partitions.
+    partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
+    num_splits = -(-context_bound // partition_size)
+    split = num_splits > 1
+
+    if split:
+        rows = batch * num_q_heads * num_splits
+        part_acc = torch.empty(rows, head_dim, dtype=torch.float32, device=q.device)
+        part_m = torch.empty(rows, dtype=torch.float32, device=q.device)
+        part_l = torch.empty(rows, dtype=torch.float32, device=q.device)
+    else:
+        # Never dereferenced when SPLIT is off; the kernel still needs pointers.
+        part_acc = part_m = part_l = out
+
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
+        scale * _LOG2E, partition_size, num_q_heads, num_splits,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        GROUP=group,
+        GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
+        BLOCK_SIZE=block_size,
+        TILE_N=_TILE_N,
+        HEAD_DIM=head_dim,
+        SPLIT=split,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        INTERPRET=_INTERPRET,
+    )  # fmt: skip
+    if split:
+        _decode_reduce_kernel[(batch, num_q_heads)](
+            out, part_acc, part_m, part_l, seq_lens, partition_size, num_q_heads, num_splits,
+            out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim,
+        )  # fmt: skip
+    return out
+
+
+def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device) -> int:
+    """Split until the (seq, kv head, split) grid fills the GPU, keeping partitions >= 512 tokens."""
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    wanted = -(-(_PROGRAMS_PER_SM * sm_count) // num_programs)
+    by_length = context_bound // _SPLIT_MIN_PARTITION
+    return max(1, min(wanted, by_length, _SPLIT_MAX))
+
+
+# ----------------------------------------------------------------------------------------------
+# Prefill: varlen queries (chunked prefill over a cached prefix; also q_len == 1)
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    out_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    GROUP: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    # Program (query tile, seq, kv head). Its BLOCK_M rows pack BLOCK_Q query tokens x GROUP heads
+    # (row r = token r // GROUP, head r % GROUP), so K/V are read once per GQA group.
+    q_tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_begin = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
+    tile_begin = q_tile * BLOCK_Q
+    # The grid is sized for the longest query run; shorter sequences have idle tiles.
+    if tile_begin >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_begin = seq_len - q_len  # absolute position of this sequence's first query
+
+    r = tl.arange(0, BLOCK_M)
+    tok = tile_begin + r // GROUP
+    head = kv_head * GROUP + r % GROUP
+    row_valid = (r < BLOCK_Q * GROUP) & (tok < q_len)
+    q_pos = context_begin + tok
+    d = tl.arange(0, HEAD_DIM)
+    q_row = (q_begin + tok).to(tl.int64) * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=row_valid[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    # Keys before the tile's first query are visible to every row: no causal mask there.
+    full_end = (context_begin + tile_begin) // TILE_N * TILE_N
+    kv_end = context_begin + tl.minimum(q_len, tile_begin + BLOCK_Q)
+    m_i, l_i, acc = _attend_range(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, q_pos, kv_head, qk_scale,
+        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET,
+    )  # fmt: skip
+    m_i, l_i, acc = _attend_range(
+        q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, full_end, kv_end, q_pos, kv_head, qk_scale,
+        stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, INTERPRET,
+    )  # fmt: skip
+
+    # Every valid row sees key 0, so l_i > 0 there; padding rows are not stored.
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_row = (q_begin + tok).to(tl.int64) * stride_ot + head * stride_oh
+    tl.store(out_ptr + o_row[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of varlen queries over a paged KV cache: q [T, Hq, D] -> [T, Hq, D].
+
+    The queries of sequence i are its last `q_len_i` context tokens (chunked prefill over a cached
+    prefix, a whole prompt, or a single decode token). `max_query_len` must be >= every q_len_i
+    (it sizes the grid; a host int so no sync).
+    """
+    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    _require_triton(q, "paged_prefill_attention")
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
+        raise ValueError(
+            f"paged_prefill_attention: query_start_loc must be int32 [num_seqs + 1] = [{num_seqs + 1}], "
+            f"got {query_start_loc.dtype} {tuple(query_start_loc.shape)}"
+        )
+    out = _check_out(out, q)
+    if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    # Pack enough query tokens to fill BLOCK_M rows; a group wider than BLOCK_M gets one token.
+    block_q = max(1, _PREFILL_BLOCK_M // group)
+    block_m = max(_MIN_DOT, triton.next_power_of_2(block_q * group))
+    grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        GROUP=group,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_SIZE=k_cache.shape[1],
+        TILE_N=_TILE_N,
+        HEAD_DIM=head_dim,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        INTERPRET=_INTERPRET,
+    )  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Argument checks and small helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(
+            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim] of one "
+            f"dtype, got {k_cache.dtype} {tuple(k_cache.shape)} and {v_cache.dtype} {tuple(v_cache.shape)}"
+        )
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache need a contiguous last (head_dim) dimension")
+
+
+def _check_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> int:
+    """Validate shapes and dtypes shared by all attention entry points; return num_kv_heads."""
+    _check_cache(k_cache, v_cache)
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads != 0:
+        raise ValueError(
+            f"q must be [T, num_q_heads, {head_dim}] with num_q_heads a multiple of num_kv_heads "
+            f"({num_kv_heads}), got {tuple(q.shape)}"
+        )
+    if q.dtype != k_cache.dtype:
+        raise ValueError(f"q dtype {q.dtype} must match the KV cache dtype {k_cache.dtype}")
+    if q.stride(-1) != 1:
+        raise ValueError("q needs a contiguous last (head_dim) dimension")
+    if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
+        raise ValueError(
+            f"block_tables must be int32 [num_seqs, max_blocks_per_seq], "
+            f"got {block_tables.dtype} {tuple(block_tables.shape)}"
+        )
+    if seq_lens.shape != (block_tables.shape[0],) or seq_lens.dtype != torch.int32:
+        raise ValueError(
+            f"seq_lens must be int32 [num_seqs] = [{block_tables.shape[0]}], "
+            f"got {seq_lens.dtype} {tuple(seq_lens.shape)}"
+        )
+    return num_kv_heads
+
+
+def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    _require_pow2_head_dim(q.shape[2], "paged attention")
+    if out is None:
+        return torch.empty_like(q)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be {q.dtype} {tuple(q.shape)} with a contiguous last dimension, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
+    return out
+
+
+def _require_pow2_head_dim(head_dim: int, what: str) -> None:
+    # tl.arange needs a power of two and tl.dot needs >= 16.
+    if head_dim < _MIN_DOT or head_dim & (head_dim - 1):
+        raise ValueError(
+            f"{what}: head_dim must be a power of two >= {_MIN_DOT} (e.g. 64, 128), got {head_dim}; "
+            "use paged_attention_ref for other sizes"
+        )
+
+
+def _triton_usable(t: torch.Tensor) -> bool:
+    return t.is_cuda or _INTERPRET
+
+
+def _require_triton(t: torch.Tensor, what: str) -> None:
+    if not _triton_usable(t):
+        raise RuntimeError(
+            f"{what} runs Triton on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set before import); "
+            f"got a {t.device} tensor. Use paged_attention_ref on CPU."
+        )
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs would otherwise go through TF32 (10-bit mantissa) on GPU.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def bench_decode_attention(
+    batch: int,
+    context: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.bfloat16,
+    block_size: int = 16,
+    num_splits: int | None = None,
+) -> dict[str, float]:
+    """Time `paged_decode_attention` on the GPU; returns microseconds and achieved KV bandwidth."""
+    device = torch.device("cuda")
+    blocks_per_seq = -(-context // block_size)
+    num_blocks = batch * blocks_per_seq
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    v_cache = torch.randn_like(k_cache)
+    block_tables = torch.randperm(num_blocks, device=device).to(torch.int32).view(batch, blocks_per_seq)
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    q = torch.randn(batch, num_q_heads, head_dim, dtype=dtype, device=device)
+    out = torch.empty_like(q)
+    ms = triton.testing.do_bench(
+        lambda: paged_decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, 1 / math.sqrt(head_dim), out, num_splits=num_splits
+        )
+    )
+    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * k_cache.element_size()
+    return {"us": ms * 1e3, "kv_gb_per_s": kv_bytes / (ms * 1e-3) / 1e9}
