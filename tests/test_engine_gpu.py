@@ -29,7 +29,7 @@ def _no_tf32():
 def test_gpu_greedy_tokens_match_transformers_fp32(hf_checkpoint, hf_model, arch: str, setup: str) -> None:
     path = hf_checkpoint(arch)
     prompts = mixed_prompts(6, seed=sorted(ARCHS).index(arch))
-    llm = LLM(str(path), dtype="float32", device="cuda", **ENGINE_SETUPS[setup])
+    llm = LLM(str(path), dtype="float32", device="cuda", kv_cache_memory_bytes=2**28, **ENGINE_SETUPS[setup])
     assert llm.engine.model.layers[0].self_attn.backend.backend == "triton"
     outs = llm.generate(prompts, greedy())
     model = hf_model(path)
@@ -43,7 +43,7 @@ def test_gpu_greedy_tokens_match_transformers_fp32(hf_checkpoint, hf_model, arch
 def test_gpu_prompt_logits_match_transformers_fp32(hf_checkpoint, hf_model, arch: str, chunk: int) -> None:
     path = hf_checkpoint(arch)
     prompt = mixed_prompts(1, seed=7, lo=37, hi=37)[0]
-    llm = LLM(str(path), dtype="float32", device="cuda")
+    llm = LLM(str(path), dtype="float32", device="cuda", kv_cache_memory_bytes=2**28)
     ours = engine_prompt_logits(llm, prompt, chunk).cpu()
     with torch.no_grad():
         ref = hf_model(path)(torch.tensor([prompt])).logits[0].float()
@@ -59,7 +59,7 @@ def test_gpu_bf16_agreement_with_transformers_bf16(hf_checkpoint, tmp_path) -> N
     path = build_hf_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
     prompts = mixed_prompts(64, seed=21)
-    outs = LLM(str(path), dtype="bfloat16", device="cuda").generate(prompts, greedy(32))
+    outs = LLM(str(path), dtype="bfloat16", device="cuda", kv_cache_memory_bytes=2**28).generate(prompts, greedy(32))
     first_ok = same = 0
     for prompt, out in zip(prompts, outs, strict=True):
         ids = list(prompt)
