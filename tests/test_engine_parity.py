@@ -114,3 +114,22 @@ def test_sharded_checkpoint_loads_identically(hf_checkpoint, tmp_path: Path) -> 
     a = LLM(str(src), dtype="float32").generate(prompts, greedy(8))
     b = LLM(str(tmp_path), dtype="float32").generate(prompts, greedy(8))
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_checkpoints_agree_with_transformers_on_the_first_token(tmp_path: Path, dtype) -> None:
+    """bf16/fp16 load and run on CPU; one forward's greedy pick matches transformers in the same dtype."""
+    import transformers
+
+    from tests.conftest import build_hf_checkpoint
+
+    path = build_hf_checkpoint(tmp_path, "llama", dtype=dtype)
+    llm = LLM(str(path))  # dtype "auto" reads the checkpoint's
+    assert llm.engine.dtype == dtype
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    prompts = mixed_prompts(8, seed=17)
+    outs = llm.generate(prompts, greedy(1))
+    with torch.no_grad():
+        refs = [int(hf(torch.tensor([p])).logits[0, -1].argmax()) for p in prompts]
+    agree = sum(o.outputs[0].token_ids[0] == r for o, r in zip(outs, refs, strict=True))
+    assert agree >= 7, f"{agree}/8 first tokens agree"

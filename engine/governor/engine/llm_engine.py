@@ -58,6 +58,8 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(tok_dir)
         self.model_digest = model_digest(config.model)
         self.tokenizer_digest = tokenizer_digest(tok_dir)
+        log.info("model %s (%s): model digest %s, tokenizer digest %s", config.model, mc.architecture,
+                 self.model_digest, self.tokenizer_digest)
 
         backend = config.attention_backend
         if backend == "auto":
