@@ -66,7 +66,7 @@ def test_every_block_returns_to_the_pool(qwen3: Path, lengths, max_tokens, max_n
         engine.add_request(str(i), p, sp)
     steps = 0
     while engine.has_unfinished_requests():
-        for o in engine.step():
+        for o in engine.step().finished:
             outs[o.request_id] = o
         engine.block_pool.check_invariants()
         held = sum(len(s.block_table) for s in engine.scheduler.running)

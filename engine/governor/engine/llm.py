@@ -49,7 +49,7 @@ class LLM:
             self.engine.add_request(rid, prompt, p)
         done: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
+            for out in self.engine.step().finished:
                 done[out.request_id] = out
         return [done[rid] for rid in ids]
 

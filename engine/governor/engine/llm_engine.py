@@ -12,12 +12,13 @@ import torch
 
 from governor.engine.attention import PagedAttention
 from governor.engine.config import EngineConfig, Knobs
+from governor.engine.detokenizer import IncrementalDetokenizer
 from governor.engine.kv.block_pool import BlockPool
 from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block
 from governor.engine.models.checkpoint import iter_weights, model_digest, tokenizer_digest
 from governor.engine.models.llama import CausalLM
 from governor.engine.models.model_config import load_model_config
-from governor.engine.outputs import CompletionOutput, RequestOutput
+from governor.engine.outputs import CompletionOutput, RequestOutput, StepResult, TokenEvent
 from governor.engine.runner import ModelRunner
 from governor.engine.sampler import sample
 from governor.engine.sampling_params import SamplingParams
@@ -35,7 +36,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class _Request:
     seq: Sequence
     prompt: str | None
-    text: str = ""
+    arrival: float  # time.monotonic() at add_request
+    deadline: float | None = None  # time.monotonic() after which the request ends with "timeout"
+    detok: IncrementalDetokenizer | None = None
+    emitted: int = 0  # characters of detok.text already handed out as deltas
+    final_text: str | None = None
 
 
 class LLMEngine:
@@ -145,8 +150,15 @@ class LLMEngine:
                              f"exceeds max_model_len={self.max_model_len}")
         return text, ids, max_tokens
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
-        """Validate and queue a request; raises ValueError with the reason if it cannot be served."""
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *, stream_text: bool = False,
+                    timeout_s: float | None = None) -> None:
+        """Validate and queue a request; raises ValueError with the reason if it cannot be served.
+
+        stream_text: keep an incremental detokenizer so each TokenEvent carries its text delta.
+        timeout_s: end the request with finish_reason "timeout" once this much time has passed.
+        """
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s}")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids, max_tokens = self.validate_request(prompt, params)
@@ -155,50 +167,104 @@ class LLMEngine:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         seq = Sequence(request_id, next(self._arrivals), ids, params, max_tokens, generator=generator)
-        self._requests[request_id] = _Request(seq, text)
+        now = time.monotonic()
+        detok = None
+        if stream_text or params.stop_strings:
+            detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+        self._requests[request_id] = _Request(seq, text, now, now + timeout_s if timeout_s else None, detok)
         self.scheduler.add(seq)
         self.counters["prompt_tokens"] += len(ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
+        """End a request now (client gone, deadline passed), freeing its blocks. None if unknown."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req.seq, reason)
+        self.counters["requests_finished"] += 1
+        return self._output(req)
+
+    def update_knobs(self, **changes: int) -> Knobs:
+        """Apply knob changes (at a step boundary: callers invoke it between steps). Values are checked
+        against the hard caps fixed at start; ValueError names the bound."""
+        caps = self.knob_caps()
+        for name, value in changes.items():
+            if name not in caps:
+                raise ValueError(f"unknown knob {name!r}; knobs: {', '.join(caps)}")
+            lo, hi = caps[name]
+            if not isinstance(value, int) or not lo <= value <= hi:
+                raise ValueError(f"{name}={value!r} is outside [{lo}, {hi}] (the hard cap fixed at start)")
+        for name, value in changes.items():
+            setattr(self.knobs, name, value)
+        return self.knobs
+
+    def knob_caps(self) -> dict[str, tuple[int, int]]:
+        """Inclusive bounds of each live knob, fixed at start."""
+        return {
+            "max_num_seqs": (1, self.config.seqs_cap),
+            "max_num_batched_tokens": (1, self.config.tokens_cap),
+            "num_speculative_tokens": (0, 0),  # speculative decoding is not built yet
+        }
+
     # --- the step -----------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; returns the outputs of requests that finished in it."""
+    def step(self) -> StepResult:
+        """Run one scheduled step: token events for every request that advanced, outputs of finished ones."""
+        result = StepResult([], [])
+        self._expire_deadlines(result)
         out = self.scheduler.schedule()
         if not out.scheduled:
-            return []
+            return result
+        now = time.monotonic()
+        for s in out.scheduled:
+            if s.seq.first_scheduled_at is None:
+                s.seq.first_scheduled_at = now
         logits = self.runner.execute(out)
         sampling = [s.seq for s in out.scheduled if s.samples]
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
         self.counters["steps"] += 1
         if not sampling:
-            return []
-        result = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], self.generator)
-        finished = []
-        for seq, token, lp in zip(sampling, result.token_ids, result.logprobs, strict=True):
+            return result
+        sampled = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], self.generator)
+        for seq, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
             seq.output_token_ids.append(token)
             if lp is not None:
                 seq.logprobs.append(lp)
             self.counters["generation_tokens"] += 1
-            reason = self._check_stop(seq, token)
+            req = self._requests[seq.request_id]
+            if req.detok is not None:
+                req.detok.add(token)
+            reason = self._check_stop(req, token)
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self.counters["requests_finished"] += 1
-                finished.append(self._output(self._requests.pop(seq.request_id)))
-        return finished
+                self._requests.pop(seq.request_id)
+                result.finished.append(self._output(req))
+            result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp, seq.finish_reason,
+                                            seq.stop_reason))
+        return result
 
-    def _check_stop(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        req = self._requests[seq.request_id]
-        if p.stop_strings:
-            req.text = self.detokenize(seq)
-            cut = min((i for i in (req.text.find(s) for s in p.stop_strings) if i >= 0), default=-1)
-            if cut >= 0:
-                seq.stop_reason = next(s for s in p.stop_strings if req.text.find(s) == cut)
-                req.text = req.text[:cut]
+    def _expire_deadlines(self, result: StepResult) -> None:
+        now = time.monotonic()
+        for rid in [r for r, req in self._requests.items() if req.deadline is not None and now >= req.deadline]:
+            out = self.abort(rid, "timeout")
+            if out is not None:
+                result.finished.append(out)
+                result.events.append(TokenEvent(rid, None, "", None, "timeout", None))
+
+    def _check_stop(self, req: _Request, token: int) -> str | None:
+        seq, p = req.seq, req.seq.params
+        if p.stop_strings and req.detok is not None:
+            text = req.detok.text
+            hits = [(i, s) for s in p.stop_strings if (i := text.find(s)) >= 0]
+            if hits:
+                cut, stop = min(hits)
+                seq.stop_reason = stop
+                req.final_text = text[:cut]
                 return "stop"
         if token in p.stop_token_ids:
             seq.stop_reason = token
@@ -209,19 +275,42 @@ class LLMEngine:
             return "length"
         return None
 
+    def _text_delta(self, req: _Request) -> str:
+        """New text to hand out; while a stop string could still be forming, its possible start is held back."""
+        if req.detok is None:
+            return ""
+        text = req.final_text if req.final_text is not None else req.detok.text
+        end = len(text)
+        if not req.seq.is_finished and req.seq.params.stop_strings:
+            end -= max(len(s) for s in req.seq.params.stop_strings) - 1
+        if end <= req.emitted:
+            return ""
+        delta = text[req.emitted:end]
+        req.emitted = end
+        return delta
+
     def detokenize(self, seq: Sequence) -> str:
         return str(self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
 
     def _output(self, req: _Request) -> RequestOutput:
         seq = req.seq
-        text = req.text if seq.stop_reason is not None and isinstance(seq.stop_reason, str) else self.detokenize(seq)
+        if req.final_text is not None:
+            text = req.final_text
+        elif req.detok is not None:
+            text = req.detok.text
+        else:
+            text = self.detokenize(seq)
         cumulative = None
         if seq.logprobs:
             cumulative = sum(lp[t] for lp, t in zip(seq.logprobs, seq.output_token_ids, strict=False))
         completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason,
                                       list(seq.logprobs) if seq.params.logprobs is not None else None, cumulative)
-        return RequestOutput(seq.request_id, req.prompt, list(seq.prompt_token_ids), [completion], True,
-                             {"preemptions": float(seq.num_preemptions), "finished_at": time.time()})
+        now = time.monotonic()
+        metrics = {"arrival": req.arrival, "finished": now, "e2e_s": now - req.arrival,
+                   "preemptions": float(seq.num_preemptions)}
+        if seq.first_scheduled_at is not None:
+            metrics["queue_s"] = seq.first_scheduled_at - req.arrival
+        return RequestOutput(seq.request_id, req.prompt, list(seq.prompt_token_ids), [completion], True, metrics)
 
     # --- introspection ------------------------------------------------------------------------
 

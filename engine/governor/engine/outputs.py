@@ -24,3 +24,22 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TokenEvent:
+    """One request's progress in one step: the token it got (None when it ended without one, e.g. on a
+    timeout), the text that token completed (when the request streams text), and how it finished."""
+
+    request_id: str
+    token_id: int | None
+    text_delta: str
+    logprobs: dict[int, float] | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class StepResult:
+    events: list[TokenEvent]
+    finished: list[RequestOutput]

@@ -120,9 +120,12 @@ class Scheduler:
         return SchedulerOutput(scheduled, self.num_preemptions - preempted_before)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark seq finished and return its blocks to the pool."""
+        """Mark seq finished (running or still waiting) and return its blocks to the pool."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.block_pool.free(seq.block_table)
         seq.block_table = []
-        self.running.remove(seq)

@@ -39,6 +39,7 @@ class Sequence:
     # Per generated token: {token_id: logprob} for the chosen token and the top-n alternatives.
     logprobs: list[dict[int, float]] = field(default_factory=list)
     num_preemptions: int = 0
+    first_scheduled_at: float | None = None  # time.monotonic() when first scheduled (end of queueing)
 
     @property
     def num_tokens(self) -> int:
