@@ -30,6 +30,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="governor")
     sub = parser.add_subparsers(dest="command", required=True)
 
+    sv = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API")
+    sv.add_argument("model", help="local Hugging Face checkpoint directory")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--served-model-name", default=None, help="model name clients use (default: the dir name)")
+    sv.add_argument("--admin-token-file", default=None,
+                    help="bearer token for /admin/knobs (else env GOVERNOR_ADMIN_TOKEN; neither: API disabled)")
+    sv.add_argument("--max-queue", type=int, default=1024, help="waiting requests beyond this get 429")
+    sv.add_argument("--drain-grace-s", type=float, default=30.0,
+                    help="on SIGTERM, how long in-flight requests may take to finish")
+    sv.add_argument("--revision", default=None, help="revision label on metrics (default env GOVERNOR_REVISION)")
+    _add_engine_args(sv)
+
     mm = sub.add_parser("make-model", help="write a random-weight Hugging Face checkpoint")
     mm.add_argument("dir")
     mm.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3"))
@@ -72,6 +85,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from governor.engine.server.serve import read_admin_token, serve
+
+        if args.max_queue < 1:
+            raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
+        config = EngineConfig(model=args.model, **_engine_args(args))
+        return serve(config, args.host, args.port, args.served_model_name, read_admin_token(args.admin_token_file),
+                     args.max_queue, args.drain_grace_s, args.revision)
     if args.command == "make-model":
         from governor.engine.models.make_model import make_model
 

@@ -1,0 +1,86 @@
+"""`governor serve`: load the engine, start the step thread, serve HTTP with uvicorn, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from governor import contract
+from governor.engine.config import EngineConfig
+from governor.engine.llm_engine import LLMEngine
+from governor.engine.server.app import ServerState, create_app
+from governor.engine.server.async_engine import AsyncEngine
+from governor.engine.server.metrics import EngineMetrics
+from governor.engine.tokenizer import load_tokenizer
+
+log = logging.getLogger("governor.engine.server")
+
+
+def read_admin_token(token_file: str | None) -> str | None:
+    """The admin bearer token from --admin-token-file, else GOVERNOR_ADMIN_TOKEN; None disables the API."""
+    if token_file:
+        token = Path(token_file).read_text().strip()
+        if not token:
+            raise ValueError(f"admin token file {token_file} is empty")
+        return token
+    return os.environ.get(contract.ADMIN_TOKEN_ENV) or None
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: mark not ready and refuse new requests, let in-flight ones finish (up to the
+    grace period), then stop uvicorn. A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, grace_s: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.grace_s = grace_s
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.state.draining:
+            super().handle_exit(sig, frame)
+            return
+        log.info("signal %s: draining (%d in flight, grace %.0f s)", sig, self.state.engine.num_in_flight,
+                 self.grace_s)
+        self.state.draining = True
+        self._drain_task = asyncio.get_event_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace_s
+        while self.state.engine.num_in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.state.engine.num_in_flight:
+            log.warning("grace period over with %d requests in flight", self.state.engine.num_in_flight)
+        self.should_exit = True
+
+
+def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, admin_token: str | None,
+          max_queue: int, drain_grace_s: float, revision: str | None = None) -> int:
+    engine = LLMEngine(config)
+    name = served_model_name or Path(config.model).name
+    revision = revision or os.environ.get(contract.REVISION_ENV, "")
+    info = {"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
+            "served_model_name": name, "kv_cache_dtype": str(engine.dtype).removeprefix("torch.")}
+    metrics = EngineMetrics(name, revision, info)
+    async_engine = AsyncEngine(engine, metrics, max_queue)
+    state = ServerState(async_engine, load_tokenizer(config.tokenizer or config.model), name, config.model,
+                        admin_token)
+    app = create_app(state)
+    uv_config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
+                               timeout_graceful_shutdown=5)
+    server = _DrainingServer(uv_config, state, drain_grace_s)
+    async_engine.start()
+    state.ready = True
+    log.info("serving %s on http://%s:%d (admin API %s)", name, host, port,
+             "enabled" if admin_token else "disabled")
+    try:
+        server.run()
+    finally:
+        async_engine.shutdown()
+    return 0

@@ -1,0 +1,78 @@
+"""What the engine, the operator and the tuner agree on: knob names, metric names, admin API shapes.
+
+Imports nothing heavy (pydantic only): the operator image has no torch.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- live knobs -------------------------------------------------------------------------------
+
+KNOB_NAMES = ("max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens")
+ADMIN_KNOBS_PATH = "/admin/knobs"
+ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN"
+
+
+class KnobsUpdate(BaseModel):
+    """Body of PUT /admin/knobs: any subset of the knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Most sequences running in one step.")
+    max_num_batched_tokens: int | None = Field(default=None, ge=1,
+                                               description="Token budget of one step (prefill chunk size).")
+    num_speculative_tokens: int | None = Field(default=None, ge=0, description="Speculation depth K (0 = off).")
+
+    def changes(self) -> dict[str, int]:
+        return self.model_dump(exclude_none=True)
+
+
+class KnobBound(BaseModel):
+    min: int
+    max: int
+
+
+class KnobsState(BaseModel):
+    """Body of GET /admin/knobs and of a successful PUT: effective values and the hard caps."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_speculative_tokens: int
+    bounds: dict[str, KnobBound]
+
+
+# --- metrics ------------------------------------------------------------------------------------
+# Names as exposed on /metrics (counters carry the `_total` suffix there). docs/metrics.md documents them.
+
+METRIC_PREFIX = "governor_"
+TTFT_SECONDS = "governor_time_to_first_token_seconds"
+ITL_SECONDS = "governor_inter_token_latency_seconds"
+E2E_SECONDS = "governor_e2e_request_latency_seconds"
+QUEUE_SECONDS = "governor_request_queue_time_seconds"
+REQUESTS_RUNNING = "governor_requests_running"
+REQUESTS_WAITING = "governor_requests_waiting"
+KV_BLOCKS_USED = "governor_kv_blocks_used"
+KV_BLOCKS_TOTAL = "governor_kv_blocks_total"
+PROMPT_TOKENS = "governor_prompt_tokens_total"
+GENERATION_TOKENS = "governor_generation_tokens_total"
+PREEMPTIONS = "governor_preemptions_total"
+REQUESTS_FINISHED = "governor_requests_finished_total"  # label finish_reason
+REQUEST_ERRORS = "governor_request_errors_total"  # label kind
+PREFIX_CACHE_QUERIES = "governor_prefix_cache_queries_total"
+PREFIX_CACHE_HIT_TOKENS = "governor_prefix_cache_hit_tokens_total"
+SPEC_PROPOSED_TOKENS = "governor_spec_proposed_tokens_total"
+SPEC_ACCEPTED_TOKENS = "governor_spec_accepted_tokens_total"
+KNOB = "governor_knob"  # label name: the effective value of each live knob
+ENGINE_INFO = "governor_engine_info"
+
+# Every series carries these, so the operator and tuner can scope queries to a service and revision.
+SCOPE_LABELS = ("model_name", "revision")
+REVISION_ENV = "GOVERNOR_REVISION"
+
+# Latency histogram buckets (seconds): fine enough for p95 between 5 ms and 60 s.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15,
+    0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.5, 10.0, 12.5, 15.0,
+    20.0, 25.0, 30.0, 40.0, 50.0, 60.0, 90.0, 120.0,
+)
