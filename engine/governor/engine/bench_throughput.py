@@ -34,15 +34,6 @@ class Workload:
         return prompts, outputs
 
 
-def parse_range(text: str) -> tuple[int, int]:
-    """'100:1024' → (100, 1024); '128' → (128, 128)."""
-    lo, _, hi = text.partition(":")
-    a, b = int(lo), int(hi or lo)
-    if not 1 <= a <= b:
-        raise ValueError(f"a length range must be 'a:b' with 1 <= a <= b, got {text!r}")
-    return a, b
-
-
 def hardware() -> dict[str, Any]:
     info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "platform": platform.platform(),
                             "torch": torch.__version__, "python": platform.python_version()}

@@ -18,6 +18,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + name.replace("_", "-")
         annotation = str(field.annotation)
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help=field.description)
+            continue
         kind: Any = float if "float" in annotation else int if "int" in annotation else str
         p.add_argument(flag, dest=name, type=kind, default=None, help=field.description)
 
@@ -90,7 +94,9 @@ def _run(args: argparse.Namespace) -> int:
 
         if args.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
-        config = EngineConfig(model=args.model, **_engine_args(args))
+        engine_args = _engine_args(args)
+        engine_args.setdefault("enable_prefix_caching", True)  # on by default when serving
+        config = EngineConfig(model=args.model, **engine_args)
         return serve(config, args.host, args.port, args.served_model_name, read_admin_token(args.admin_token_file),
                      args.max_queue, args.drain_grace_s, args.revision)
     if args.command == "make-model":
@@ -110,7 +116,8 @@ def _run(args: argparse.Namespace) -> int:
                               "token_ids": o.outputs[0].token_ids, "finish_reason": o.outputs[0].finish_reason}))
         return 0
     if args.command == "bench" and args.bench == "throughput":
-        from governor.engine.bench_throughput import Workload, bench_throughput, parse_range
+        from governor.engine.bench_throughput import Workload, bench_throughput
+        from governor.loadgen.workload import parse_range
 
         workload = Workload(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
                             args.workload_seed)

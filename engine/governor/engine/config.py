@@ -44,6 +44,8 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens_cap: int | None = Field(default=None, ge=1,
                                                    description="Hard cap (default: initial value).")
     seed: int = 0
+    enable_prefix_caching: bool = Field(default=False, description="Reuse cached KV of shared prompt prefixes "
+                                                                     "(on by default in `governor serve`).")
     attention_backend: AttentionBackend = "auto"
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ import torch
 from governor.engine.attention import PagedAttention
 from governor.engine.config import EngineConfig, Knobs
 from governor.engine.detokenizer import IncrementalDetokenizer
+from governor.engine.kv.block_hash import identity_seed
 from governor.engine.kv.block_pool import BlockPool
 from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block
 from governor.engine.models.checkpoint import iter_weights, model_digest, tokenizer_digest
@@ -88,7 +89,7 @@ class LLMEngine:
 
         self.knobs: Knobs = config.initial_knobs()
         self.block_pool = BlockPool(self.num_blocks)
-        self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs)
+        self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs, config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, config.tokens_cap,
                                   config.seqs_cap, self.max_model_len, self.device)
         self.generator = torch.Generator(device=self.device)
@@ -115,6 +116,10 @@ class LLMEngine:
         return max(1, budget // per_block)
 
     # --- requests -----------------------------------------------------------------------------
+
+    def cache_seed(self, cache_salt: str | None) -> bytes:
+        """Seed of a request's block-hash chain: what produced the KV, plus the tenant's salt."""
+        return identity_seed(self.model_digest, self.tokenizer_digest, "", str(self.dtype), cache_salt)
 
     def prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as a string, token ids, or {"prompt"/"prompt_token_ids": ...}."""
@@ -151,11 +156,12 @@ class LLMEngine:
         return text, ids, max_tokens
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *, stream_text: bool = False,
-                    timeout_s: float | None = None) -> None:
+                    timeout_s: float | None = None, cache_salt: str | None = None) -> None:
         """Validate and queue a request; raises ValueError with the reason if it cannot be served.
 
         stream_text: keep an incremental detokenizer so each TokenEvent carries its text delta.
         timeout_s: end the request with finish_reason "timeout" once this much time has passed.
+        cache_salt: prefix-cache isolation; a dict prompt's "cache_salt" takes precedence.
         """
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s}")
@@ -167,6 +173,10 @@ class LLMEngine:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         seq = Sequence(request_id, next(self._arrivals), ids, params, max_tokens, generator=generator)
+        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
+            cache_salt = str(prompt["cache_salt"])
+        if self.config.enable_prefix_caching:
+            seq.cache_seed = self.cache_seed(cache_salt)
         now = time.monotonic()
         detok = None
         if stream_text or params.stop_strings:
@@ -226,6 +236,7 @@ class LLMEngine:
         sampling = [s.seq for s in out.scheduled if s.samples]
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
+            self.scheduler.cache_computed_blocks(s.seq)
         self.counters["steps"] += 1
         if not sampling:
             return result
@@ -320,6 +331,9 @@ class LLMEngine:
             "kv_blocks_used": self.block_pool.num_used,
             "kv_block_size": self.block_size,
             "preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.scheduler.prefix_cache_queries,
+            "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
+            "kv_blocks_cached": self.block_pool.num_cached,
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
             **self.counters,

@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from governor.engine.config import Knobs
+from governor.engine.kv.block_hash import chain_hashes
 from governor.engine.kv.block_pool import BlockPool
 from governor.engine.sequence import Sequence, SequenceStatus
 
@@ -40,13 +41,17 @@ class Scheduler:
     step is preempted: its blocks are freed and it is recomputed later. A request is never dropped.
     """
 
-    def __init__(self, block_pool: BlockPool, block_size: int, knobs: Knobs) -> None:
+    def __init__(self, block_pool: BlockPool, block_size: int, knobs: Knobs,
+                 enable_prefix_caching: bool = False) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
         self.knobs = knobs
+        self.enable_prefix_caching = enable_prefix_caching
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order, oldest first
         self.num_preemptions = 0
+        self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix index
+        self.prefix_cache_hit_tokens = 0  # of those, tokens found cached (prefill avoided)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -65,9 +70,55 @@ class Scheduler:
         if needed > 0:
             seq.block_table.extend(self.block_pool.allocate(needed))
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.block_pool.free(seq.block_table)
+    def _aligned(self, seq: Sequence, n: int) -> int:
+        """Shorten a prefill chunk that does not finish the known tokens so it ends on a block boundary:
+        every chunk then starts block-aligned, as a prefix-cache hit does, so warm and cold runs compute
+        each position with the same shapes."""
+        if n >= seq.num_uncomputed_tokens:
+            return n
+        end = seq.num_computed_tokens + n
+        aligned = end - end % self.block_size
+        return aligned - seq.num_computed_tokens if aligned > seq.num_computed_tokens else n
+
+    def _hashes(self, seq: Sequence) -> list[bytes]:
+        """Hashes of every full block of seq's known tokens (extended as tokens arrive)."""
+        assert seq.cache_seed is not None
+        have = len(seq.block_hashes)
+        full = seq.num_tokens // self.block_size
+        if full > have:
+            parent = seq.block_hashes[-1] if have else seq.cache_seed
+            tokens = seq.token_ids(have * self.block_size, full * self.block_size)
+            seq.block_hashes.extend(chain_hashes(parent, tokens, self.block_size))
+        return seq.block_hashes
+
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks for the longest prefix of seq's tokens; at least one token is left to compute."""
+        if not self.enable_prefix_caching or seq.cache_seed is None or seq.num_computed_tokens:
+            return []
+        hits = self.block_pool.lookup(self._hashes(seq))
+        if len(hits) * self.block_size >= seq.num_tokens:
+            hits = hits[:-1]  # the last position's logits are needed: recompute its block
+        return hits
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Register seq's newly completed blocks in the prefix index (after its step ran)."""
+        if not self.enable_prefix_caching or seq.cache_seed is None:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        if full > seq.num_cached_blocks:
+            hashes = self._hashes(seq)
+            for i in range(seq.num_cached_blocks, full):
+                self.block_pool.register(seq.block_table[i], hashes[i])
+            seq.num_cached_blocks = full
+
+    def _free_blocks(self, seq: Sequence) -> None:
+        # Last block first, so a sequence's prefix is the last of its content to be evicted.
+        self.block_pool.free(seq.block_table[::-1])
         seq.block_table = []
+        seq.num_cached_blocks = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._free_blocks(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.running.remove(seq)
@@ -99,6 +150,7 @@ class Scheduler:
             if fit == 0:
                 self._preempt(seq)
                 continue
+            fit = self._aligned(seq, fit)
             self._allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit))
             taken.add(id(seq))
@@ -106,12 +158,24 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.knobs.max_num_seqs:
             seq = self.waiting[0]
-            fit = self._fits(seq, min(seq.num_uncomputed_tokens, budget))
+            hits = self._cached_prefix(seq)
+            revived = sum(1 for b in hits if self.block_pool.ref_counts[b] == 0)
+            start = len(hits) * self.block_size
+            capacity = (len(hits) + self.block_pool.num_free - revived) * self.block_size - start
+            fit = max(0, min(seq.num_tokens - start, budget, capacity))
             if fit == 0:
                 break  # admission never preempts: wait for blocks to free up
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            self.block_pool.touch(hits)
+            seq.block_table = list(hits)
+            seq.num_computed_tokens = start
+            seq.num_cached_blocks = len(hits)
+            if self.enable_prefix_caching and seq.cache_seed is not None:
+                self.prefix_cache_queries += seq.num_tokens
+                self.prefix_cache_hit_tokens += start
+            fit = self._aligned(seq, fit)
             self._allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit))
             taken.add(id(seq))
@@ -127,5 +191,4 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self.block_pool.free(seq.block_table)
-        seq.block_table = []
+        self._free_blocks(seq)

@@ -40,6 +40,11 @@ class Sequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)
     num_preemptions: int = 0
     first_scheduled_at: float | None = None  # time.monotonic() when first scheduled (end of queueing)
+    # Prefix caching: the hash chain's seed (identity + cache salt), hashes of the full blocks of the
+    # known tokens, and how many leading blocks of block_table are registered in the prefix index.
+    cache_seed: bytes | None = None
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
 
     @property
     def num_tokens(self) -> int:
