@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import time
@@ -45,6 +46,7 @@ class ServerState:
     served_model_name: str
     model_path: str
     admin_token: str | None
+    salt_per_api_key: bool = False  # prefix-cache isolation per client API key (bearer token)
     ready: bool = False
     draining: bool = False
 
@@ -156,10 +158,18 @@ def create_app(state: ServerState) -> FastAPI:
     def _encode(text: str, add_special_tokens: bool = True) -> list[int]:
         return list(state.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    async def _events(rid: str, ids: list[int], params: SamplingParams,
-                      timeout: float | None) -> AsyncGenerator[TokenEvent | RequestOutput, None]:
+    def _cache_salt(request: Request, salt: str | None) -> str | None:
+        """The request's cache_salt, prefixed with a digest of its API key when salts are per key."""
+        auth = request.headers.get("authorization", "")
+        if not state.salt_per_api_key or not auth.startswith("Bearer "):
+            return salt
+        key = hashlib.sha256(auth.removeprefix("Bearer ").strip().encode()).hexdigest()
+        return f"key:{key}:{salt or ''}"
+
+    async def _events(rid: str, ids: list[int], params: SamplingParams, timeout: float | None,
+                      salt: str | None) -> AsyncGenerator[TokenEvent | RequestOutput, None]:
         try:
-            gen = state.engine.generate(rid, ids, params, timeout)
+            gen = state.engine.generate(rid, ids, params, timeout, salt)
             first = await gen.__anext__()
         except ValueError as e:
             raise APIError(400, str(e)) from e
@@ -180,13 +190,13 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(500, "the engine failed while running this request", "server_error")
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Any:
+    async def completions(req: CompletionRequest, request: Request) -> Any:
         _admit(req.model)
         ids = _encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         params = _sampling(req, req.max_tokens, req.logprobs)
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        events = await _events(rid, ids, params, req.timeout)
+        events = await _events(rid, ids, params, req.timeout, _cache_salt(request, req.cache_salt))
 
         def logprobs_block(evs: list[TokenEvent], offset: int) -> dict[str, Any] | None:
             if req.logprobs is None:
@@ -243,7 +253,7 @@ def create_app(state: ServerState) -> FastAPI:
         return StreamingResponse(sse(), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest) -> Any:
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
         _admit(req.model)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
@@ -259,7 +269,7 @@ def create_app(state: ServerState) -> FastAPI:
                                 f"max_model_len={max_model_len}", param="messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        events = await _events(rid, ids, params, req.timeout)
+        events = await _events(rid, ids, params, req.timeout, _cache_salt(request, req.cache_salt))
 
         def logprobs_block(evs: list[TokenEvent]) -> dict[str, Any] | None:
             if not req.logprobs:

@@ -33,7 +33,7 @@ class _Stream:
 
 @dataclass
 class _Pending:
-    adds: list[tuple[str, list[int], SamplingParams, float | None]] = field(default_factory=list)
+    adds: list[tuple[str, list[int], SamplingParams, float | None, str | None]] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
     knobs: list[tuple[dict[str, int], concurrent.futures.Future[Knobs]]] = field(default_factory=list)
 
@@ -73,7 +73,8 @@ class AsyncEngine:
         return pending + len(self.engine.scheduler.waiting)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       timeout_s: float | None = None) -> AsyncGenerator[TokenEvent | RequestOutput, None]:
+                       timeout_s: float | None = None, cache_salt: str | None = None
+                       ) -> AsyncGenerator[TokenEvent | RequestOutput, None]:
         """Yield the request's token events, then its final RequestOutput. Leaving early (a client that
         disconnected) aborts the request and frees its KV blocks."""
         self.engine.validate_request({"prompt_token_ids": prompt_token_ids}, params)
@@ -84,7 +85,7 @@ class AsyncEngine:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
-            self._pending.adds.append((request_id, prompt_token_ids, params, timeout_s))
+            self._pending.adds.append((request_id, prompt_token_ids, params, timeout_s, cache_salt))
         self._wake.set()
         done = False
         try:
@@ -135,11 +136,11 @@ class AsyncEngine:
                 fut.set_result(knobs.model_copy())
             except ValueError as e:
                 fut.set_exception(e)
-        for rid, ids, params, timeout_s in pending.adds:
+        for rid, ids, params, timeout_s, salt in pending.adds:
             if rid in pending.aborts:
                 continue
             try:
-                self.engine.add_request(rid, ids, params, stream_text=True, timeout_s=timeout_s)
+                self.engine.add_request(rid, ids, params, stream_text=True, timeout_s=timeout_s, cache_salt=salt)
             except ValueError as e:  # validated before queueing; only a race with max_model_len could land here
                 self._finish_stream(rid, None, error=str(e))
         for rid in pending.aborts:

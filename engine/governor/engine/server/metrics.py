@@ -62,7 +62,9 @@ class EngineMetrics:
         self.kv_used.set(stats["kv_blocks_used"])
         self.kv_total.set(stats["kv_blocks_total"])
         for key, metric in (("prompt_tokens", self.prompt_tokens), ("generation_tokens", self.generation_tokens),
-                            ("preemptions", self.preemptions)):
+                            ("preemptions", self.preemptions),
+                            ("prefix_cache_queries", self.prefix_queries.labels(**self.labels)),
+                            ("prefix_cache_hit_tokens", self.prefix_hits.labels(**self.labels))):
             delta = stats[key] - self._last.get(key, 0)
             if delta > 0:
                 metric.inc(delta)

@@ -35,8 +35,9 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
     frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="Not supported: must be 0.")
     user: str | None = None
-    cache_salt: str | None = Field(default=None, description="Prefix-cache isolation salt (used once the "
-                                                             "prefix cache lands).")
+    cache_salt: str | None = Field(default=None, max_length=256,
+                                   description="Prefix-cache isolation: requests share cached KV only with "
+                                               "requests of the same salt.")
     timeout: float | None = Field(default=None, gt=0.0, description="End the request after this many seconds "
                                                                     "with finish_reason 'timeout'.")
 

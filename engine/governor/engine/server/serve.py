@@ -61,7 +61,7 @@ class _DrainingServer(uvicorn.Server):
 
 
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, admin_token: str | None,
-          max_queue: int, drain_grace_s: float, revision: str | None = None) -> int:
+          max_queue: int, drain_grace_s: float, revision: str | None = None, salt_per_api_key: bool = False) -> int:
     engine = LLMEngine(config)
     name = served_model_name or Path(config.model).name
     revision = revision or os.environ.get(contract.REVISION_ENV, "")
@@ -70,7 +70,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     metrics = EngineMetrics(name, revision, info)
     async_engine = AsyncEngine(engine, metrics, max_queue)
     state = ServerState(async_engine, load_tokenizer(config.tokenizer or config.model), name, config.model,
-                        admin_token)
+                        admin_token, salt_per_api_key)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                timeout_graceful_shutdown=5)
