@@ -40,20 +40,24 @@ class PagedAttention:
         self.scale = scale
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                 k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """k_scale/v_scale: the layer's per-kv-head scales when the cache is fp8, else None."""
         k_cache, v_cache = kv_cache
         if self.backend == "torch":
-            kernels.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+            kernels.write_kv_ref(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale)
             return kernels.paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                               meta.query_start_loc, self.scale)
-        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+                                               meta.query_start_loc, self.scale, k_scale=k_scale, v_scale=v_scale)
+        kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale)
         out = torch.empty_like(q)
         nd, ndt = meta.num_decodes, meta.num_decode_tokens
         if nd:
             kernels.paged_decode_attention(q[:ndt], k_cache, v_cache, meta.block_tables[:nd],
-                                           meta.seq_lens[:nd], self.scale, out=out[:ndt])
+                                           meta.seq_lens[:nd], self.scale, out=out[:ndt],
+                                           k_scale=k_scale, v_scale=v_scale)
         if ndt < q.shape[0]:
             kernels.paged_prefill_attention(q[ndt:], k_cache, v_cache, meta.block_tables[nd:],
                                             meta.seq_lens[nd:], meta.prefill_query_start_loc,
-                                            meta.max_query_len, self.scale, out=out[ndt:])
+                                            meta.max_query_len, self.scale, out=out[ndt:],
+                                            k_scale=k_scale, v_scale=v_scale)
         return out

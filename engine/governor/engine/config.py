@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
+KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
 
@@ -32,6 +33,8 @@ class EngineConfig(BaseModel):
     tokenizer: str | None = Field(default=None, description="Tokenizer directory (default: the model's).")
     dtype: DType = "auto"
     device: Device = "auto"
+    kv_cache_dtype: KVCacheDType = Field(default="auto", description="KV cache element type: 'auto' (the model "
+                                         "dtype) or 'fp8' (e4m3 with static per-layer, per-kv-head scales).")
     block_size: int = Field(default=16, ge=1, le=256)
     max_model_len: int | None = Field(default=None, ge=1)
     num_kv_blocks: int | None = Field(default=None, ge=1, description="Overrides memory-based sizing.")

@@ -23,7 +23,7 @@ from governor.engine.outputs import CompletionOutput, RequestOutput, StepResult,
 from governor.engine.runner import ModelRunner
 from governor.engine.sampler import sample
 from governor.engine.sampling_params import SamplingParams
-from governor.engine.scheduler import Scheduler
+from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence
 from governor.engine.tokenizer import load_tokenizer
 
@@ -75,16 +75,19 @@ class LLMEngine:
         self.model.load_weights(iter_weights(config.model, self.device))
 
         self.block_size = config.block_size
+        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else self.dtype
+        if self.kv_dtype == torch.float8_e4m3fn:
+            self._calibrate_fp8_scales()
         self.num_blocks = self._num_kv_blocks()
         min_blocks = -(-self.max_model_len // self.block_size)
         if self.num_blocks < min_blocks:
             raise ValueError(f"the KV cache holds {self.num_blocks} blocks of {self.block_size} tokens, fewer than "
                              f"one max_model_len={self.max_model_len} sequence needs ({min_blocks}); lower "
                              "max_model_len or give the cache more memory (kv_cache_memory_bytes / num_kv_blocks)")
-        self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size, self.dtype, self.device)
+        self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size, self.kv_dtype, self.device)
         log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB); max concurrent max_model_len "
                  "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
-                 self.num_blocks * bytes_per_block(mc, self.block_size, self.dtype) / 2**20,
+                 self.num_blocks * bytes_per_block(mc, self.block_size, self.kv_dtype) / 2**20,
                  self.num_blocks * self.block_size / self.max_model_len)
 
         self.knobs: Knobs = config.initial_knobs()
@@ -99,11 +102,45 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
 
+    def _calibrate_fp8_scales(self, num_seqs: int = 4, seq_len: int = 256, margin: float = 2.0) -> None:
+        """Static per-layer, per-kv-head fp8 scales from one prefill of seeded random tokens through a
+        temporary model-dtype cache: scale = margin * max|x| / 448, so e4m3 (relative precision, max 448)
+        covers each head's range with room for inputs hotter than the calibration batch."""
+        seq_len = min(seq_len, self.max_model_len)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        caches = allocate_kv_cache(self.model_config, num_seqs * blocks_per_seq, self.block_size, self.dtype,
+                                   self.device)
+        runner = ModelRunner(self.model, caches, self.block_size, num_seqs * seq_len, num_seqs, seq_len,
+                             self.device)
+        gen = torch.Generator().manual_seed(self.config.seed)
+        vocab = min(self.model_config.vocab_size, len(self.tokenizer))
+        params = SamplingParams(temperature=0.0, max_tokens=1)
+        scheduled = []
+        for i in range(num_seqs):
+            ids = torch.randint(0, vocab, (seq_len,), generator=gen).tolist()
+            seq = Sequence(f"calibrate-{i}", i, ids, params, 1)
+            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
+            scheduled.append(ScheduledSeq(seq, seq_len))
+        attns = [layer.self_attn for layer in self.model.decoder_layers]
+        for a in attns:
+            a.observe, a.k_amax, a.v_amax = True, None, None
+        runner.execute(SchedulerOutput(scheduled, 0))
+        for a in attns:
+            assert a.k_amax is not None and a.v_amax is not None
+            a.k_scale = (a.k_amax * margin / 448.0).clamp(min=1e-8)
+            a.v_scale = (a.v_amax * margin / 448.0).clamp(min=1e-8)
+            a.observe = False
+        log.info("fp8 KV scales calibrated: k_scale in [%.3g, %.3g], v_scale in [%.3g, %.3g]",
+                 min(float(a.k_scale.min()) for a in attns if a.k_scale is not None),
+                 max(float(a.k_scale.max()) for a in attns if a.k_scale is not None),
+                 min(float(a.v_scale.min()) for a in attns if a.v_scale is not None),
+                 max(float(a.v_scale.max()) for a in attns if a.v_scale is not None))
+
     def _num_kv_blocks(self) -> int:
         cfg = self.config
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
-        per_block = bytes_per_block(self.model_config, self.block_size, self.dtype)
+        per_block = bytes_per_block(self.model_config, self.block_size, self.kv_dtype)
         if cfg.kv_cache_memory_bytes is not None:
             budget = cfg.kv_cache_memory_bytes
         elif self.device.type == "cuda":
@@ -119,7 +156,7 @@ class LLMEngine:
 
     def cache_seed(self, cache_salt: str | None) -> bytes:
         """Seed of a request's block-hash chain: what produced the KV, plus the tenant's salt."""
-        return identity_seed(self.model_digest, self.tokenizer_digest, "", str(self.dtype), cache_salt)
+        return identity_seed(self.model_digest, self.tokenizer_digest, "", str(self.kv_dtype), cache_salt)
 
     def prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as a string, token ids, or {"prompt"/"prompt_token_ids": ...}."""

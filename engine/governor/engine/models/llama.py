@@ -88,6 +88,18 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.backend = backend
+        # fp8 KV cache: static per-kv-head scales, set once by calibration before the cache is allocated.
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+        # Calibration: when observing, the running per-head max |k| and |v| of everything computed.
+        self.observe = False
+        self.k_amax: torch.Tensor | None = None
+        self.v_amax: torch.Tensor | None = None
+
+    def _observe(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        k_amax, v_amax = k.abs().amax(dim=(0, 2)).float(), v.abs().amax(dim=(0, 2)).float()
+        self.k_amax = k_amax if self.k_amax is None else torch.maximum(self.k_amax, k_amax)
+        self.v_amax = v_amax if self.v_amax is None else torch.maximum(self.v_amax, v_amax)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
@@ -99,7 +111,9 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
-        out = self.backend(q, k, v, kv_cache, meta)
+        if self.observe:
+            self._observe(k, v)
+        out = self.backend(q, k, v, kv_cache, meta, self.k_scale, self.v_scale)
         return F.linear(out.reshape(-1, self.q_size), self.o_weight)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from governor import contract
@@ -134,10 +135,12 @@ def create_app(state: ServerState) -> FastAPI:
         _check_admin(request)
         try:
             update = contract.KnobsUpdate.model_validate(await request.json())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(400, f"malformed JSON body: {e}") from e
-        except ValueError as e:  # pydantic ValidationError
-            raise APIError(422, str(e).splitlines()[1] if "\n" in str(e) else str(e)) from e
+        except ValidationError as e:
+            err = e.errors()[0]
+            param = ".".join(str(p) for p in err["loc"]) or None
+            raise APIError(422, f"{param + ': ' if param else ''}{err['msg']}", param=param) from e
         try:
             await state.engine.update_knobs(update.changes())
         except ValueError as e:
@@ -155,11 +158,21 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(404, f"model {model!r} does not exist; this server serves {state.served_model_name!r}",
                            "invalid_request_error", "model", "model_not_found")
 
-    def _encode(text: str, add_special_tokens: bool = True) -> list[int]:
+    def _require_unicode(text: str, param: str) -> None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # JSON can carry lone surrogates; the tokenizer and hashes cannot
+            raise APIError(400, f"{param} is not valid Unicode text: {e.reason} at character {e.start}",
+                           param=param) from e
+
+    def _encode(text: str, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        _require_unicode(text, param)
         return list(state.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def _cache_salt(request: Request, salt: str | None) -> str | None:
         """The request's cache_salt, prefixed with a digest of its API key when salts are per key."""
+        if salt is not None:
+            _require_unicode(salt, "cache_salt")
         auth = request.headers.get("authorization", "")
         if not state.salt_per_api_key or not auth.startswith("Bearer "):
             return salt
@@ -261,7 +274,7 @@ def create_app(state: ServerState) -> FastAPI:
                                                            tokenize=False)
         except Exception as e:  # jinja errors from the model's own template are the caller's input problem
             raise APIError(400, f"the chat template rejected these messages: {e}", param="messages") from e
-        ids = _encode(str(rendered), add_special_tokens=False)
+        ids = _encode(str(rendered), add_special_tokens=False, param="messages")
         top_n = (req.top_logprobs or 0) if req.logprobs else None
         params = _sampling(req, req.max_completion_tokens or req.max_tokens, top_n)
         if params.max_tokens is None and len(ids) >= max_model_len:

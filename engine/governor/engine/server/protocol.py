@@ -23,9 +23,10 @@ class _SamplingFields(BaseModel):
     model: str
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
+    # Upper bounds are the int64 range the sampler and torch.Generator take: beyond it the step thread fails.
+    top_k: int = Field(default=0, ge=-1, le=2**63 - 1)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False

@@ -66,7 +66,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     name = served_model_name or Path(config.model).name
     revision = revision or os.environ.get(contract.REVISION_ENV, "")
     info = {"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
-            "served_model_name": name, "kv_cache_dtype": str(engine.dtype).removeprefix("torch.")}
+            "served_model_name": name, "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch.")}
     metrics = EngineMetrics(name, revision, info)
     async_engine = AsyncEngine(engine, metrics, max_queue)
     state = ServerState(async_engine, load_tokenizer(config.tokenizer or config.model), name, config.model,
