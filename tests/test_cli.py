@@ -68,3 +68,28 @@ def test_bad_engine_argument_is_reported_not_a_traceback(tiny_model: Path) -> No
     proc = run("generate", "--model", str(tiny_model), "--prompt", "x", "--block-size", "0")
     assert proc.returncode != 0
     assert "block_size" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_prefix_reports_cold_and_warm_ttft_and_divergence(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "prefix.json"
+    proc = run("bench", "prefix", "--model", str(tiny_model), "--system-len", "64", "--suffix-len", "5",
+               "--concurrency", "1,3", "--divergence-prompts", "3", "--divergence-tokens", "6", "--block-size", "8",
+               "--dtype", "float32", "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())["result"]
+    assert [row["concurrency"] for row in r["ttft"]] == [1, 3]
+    assert [row["warm_hit_tokens"] for row in r["ttft"]] == [64, 3 * 64]  # every request hits all 8 blocks
+    assert r["divergence"]["identical"] == 3  # fp32 on CPU: a hit never changes the greedy output
+
+
+def test_bench_kv_compares_fp8_with_model_dtype(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "kv.json"
+    proc = run("bench", "kv", "--model", str(tiny_model), "--context", "64", "--batches", "2", "--new-tokens", "4",
+               "--accuracy-tokens", "16", "--dtype", "float32", "--kv-cache-memory-bytes", "2000000",
+               "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())["result"]
+    base, fp8 = r["variants"]["model_dtype"], r["variants"]["fp8"]
+    assert fp8["kv_blocks_total"] == 4 * base["kv_blocks_total"]  # fp32 → 1-byte elements
+    assert fp8["decode"][0]["decode_tokens"] == 2 * 3  # the first token of each comes from prefill
+    assert r["accuracy"]["positions"] == 16 and 0.0 <= r["accuracy"]["top1_agreement"] <= 1.0

@@ -10,8 +10,6 @@ import torch
 from tests.conftest import ARCHS
 
 from governor.engine import LLM, SamplingParams
-from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
-from governor.engine.sequence import Sequence
 
 NEW_TOKENS = 24
 
@@ -64,16 +62,7 @@ def test_greedy_tokens_match_transformers(hf_checkpoint, hf_model, arch: str, se
 
 def engine_prompt_logits(llm: LLM, prompt: list[int], chunk: int) -> torch.Tensor:
     """Logits at every prompt position, computed through the paged cache in chunks of `chunk` tokens."""
-    eng = llm.engine
-    seq = Sequence("logits", 0, prompt, greedy(), 1)
-    rows = []
-    while seq.num_computed_tokens < len(prompt):
-        n = min(chunk, len(prompt) - seq.num_computed_tokens)
-        eng.scheduler._allocate(seq, n)
-        rows.append(eng.runner.execute(SchedulerOutput([ScheduledSeq(seq, n)], 0), all_logits=True))
-        seq.num_computed_tokens += n
-    eng.block_pool.free(seq.block_table)
-    return torch.cat(rows)
+    return llm.engine.prompt_logits(prompt, chunk)
 
 
 @pytest.mark.parametrize("chunk", [5, 64])

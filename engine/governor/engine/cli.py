@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, get_args
 
 from governor.engine.config import EngineConfig
 
@@ -17,12 +17,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
         if name in ("model",):
             continue
         flag = "--" + name.replace("_", "-")
-        annotation = str(field.annotation)
         if field.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                            help=field.description)
             continue
-        kind: Any = float if "float" in annotation else int if "int" in annotation else str
+        types = set(get_args(field.annotation)) | {field.annotation}
+        kind: Any = float if float in types else int if int in types else str
         p.add_argument(flag, dest=name, type=kind, default=None, help=field.description)
 
 
@@ -77,6 +77,26 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--hf-batch-size", type=int, default=64)
     tp.add_argument("--output-json", default=None)
     _add_engine_args(tp)
+
+    px = bsub.add_parser("prefix", help="TTFT cold vs warm with a shared system prompt; hit-vs-cold divergence")
+    px.add_argument("--model", required=True)
+    px.add_argument("--system-len", type=int, default=2000)
+    px.add_argument("--suffix-len", type=int, default=50)
+    px.add_argument("--concurrency", default="1,32", help="comma-separated")
+    px.add_argument("--divergence-prompts", type=int, default=32)
+    px.add_argument("--divergence-tokens", type=int, default=64)
+    px.add_argument("--output-json", default=None)
+    _add_engine_args(px)
+
+    kv = bsub.add_parser("kv", help="fp8 vs model-dtype KV: capacity, decode throughput, logit agreement")
+    kv.add_argument("--model", required=True)
+    kv.add_argument("--context", type=int, default=4096)
+    kv.add_argument("--batches", default="32,128", help="comma-separated decode batch sizes")
+    kv.add_argument("--new-tokens", type=int, default=64)
+    kv.add_argument("--accuracy-prompt-len", type=int, default=64)
+    kv.add_argument("--accuracy-tokens", type=int, default=256)
+    kv.add_argument("--output-json", default=None)
+    _add_engine_args(kv)
     return parser
 
 
@@ -130,6 +150,31 @@ def _run(args: argparse.Namespace) -> int:
               f"{r['output_tokens_per_s']:.1f} output tok/s ({r['total_tokens_per_s']:.1f} total tok/s)")
         if args.output_json:
             print(f"envelope written to {args.output_json}")
+        return 0
+    if args.command == "bench" and args.bench in ("prefix", "kv"):
+        from governor.engine import bench_cache
+
+        if args.bench == "prefix":
+            result = bench_cache.bench_prefix(args.model, _engine_args(args), args.system_len, args.suffix_len,
+                                              [int(c) for c in args.concurrency.split(",")],
+                                              args.divergence_prompts, args.divergence_tokens)
+            for row in result["ttft"]:
+                print(f"concurrency {row['concurrency']}: TTFT cold {row['cold']['mean_ms']:.1f} ms, warm "
+                      f"{row['warm']['mean_ms']:.1f} ms (mean), {row['speedup_mean']:.1f}x")
+            d = result["divergence"]
+            print(f"hit vs cold: {d['identical']}/{d['prompts']} identical over {d['tokens']} greedy tokens")
+        else:
+            result = bench_cache.bench_kv(args.model, _engine_args(args), args.context,
+                                          [int(b) for b in args.batches.split(",")], args.new_tokens,
+                                          args.accuracy_prompt_len, args.accuracy_tokens)
+            for name, row in result["variants"].items():
+                print(f"{name} ({row['kv_dtype']}): {row['kv_blocks_total']} blocks, "
+                      f"{row['max_concurrent_at_context']} sequences of {args.context} tokens; decode " +
+                      ", ".join(f"batch {d['batch']}: {d['decode_tok_s']:.0f} tok/s" for d in row["decode"]))
+            a = result["accuracy"]
+            print(f"fp8 vs model dtype over {a['positions']} positions: top-1 {a['top1_agreement']:.4f}, "
+                  f"mean KL {a['mean_kl']:.3g}")
+        bench_cache.write_envelope(f"bench-{args.bench}", args.model, result, args.output_json)
         return 0
     return 2
 

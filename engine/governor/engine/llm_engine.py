@@ -360,6 +360,23 @@ class LLMEngine:
             metrics["queue_s"] = seq.first_scheduled_at - req.arrival
         return RequestOutput(seq.request_id, req.prompt, list(seq.prompt_token_ids), [completion], True, metrics)
 
+    def prompt_logits(self, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
+        """fp32 logits at every position of `token_ids` [T, vocab], computed through the paged cache in
+        prefill chunks of `chunk_size` tokens (default: one chunk). For scoring and accuracy checks; call
+        it between steps. Uses (and returns) free blocks; raises if too few are free."""
+        seq = Sequence("prompt-logits", -1, list(token_ids), SamplingParams(temperature=0.0, max_tokens=1), 1)
+        chunk = chunk_size or len(token_ids)
+        rows = []
+        try:
+            while seq.num_computed_tokens < len(token_ids):
+                n = min(chunk, len(token_ids) - seq.num_computed_tokens)
+                self.scheduler._allocate(seq, n)
+                rows.append(self.runner.execute(SchedulerOutput([ScheduledSeq(seq, n)], 0), all_logits=True))
+                seq.num_computed_tokens += n
+        finally:
+            self.block_pool.free(seq.block_table[::-1])
+        return torch.cat(rows)
+
     # --- introspection ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:

@@ -1,0 +1,163 @@
+"""`governor bench prefix` and `governor bench kv`: what the prefix cache and the fp8 KV cache buy.
+
+prefix: time to first token with a long shared system prompt, cold (never seen) against warm (cached),
+at several concurrencies; and how often a cache hit changes a greedy output against its cold run.
+kv: fp8 against model-dtype KV at one memory budget — blocks, concurrent sequences at a context
+length, decode throughput at that context, and logit agreement (top-1, KL) over a greedy generation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from governor.engine.bench_throughput import hardware
+from governor.engine.llm import LLM
+from governor.engine.llm_engine import LLMEngine
+from governor.engine.sampling_params import SamplingParams
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _random_ids(rng: random.Random, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def _ttfts(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[float], dict[str, list[int]]]:
+    """Admit all prompts at once; seconds from admission to each request's first token, and outputs."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    _sync()
+    t0 = time.perf_counter()
+    ids = [f"r{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts, strict=True):
+        engine.add_request(rid, p, params)
+    first: dict[str, float] = {}
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        result = engine.step()
+        now = time.perf_counter()  # step() ends with the sampled tokens on the host: no extra sync needed
+        for ev in result.events:
+            first.setdefault(ev.request_id, now - t0)
+        for out in result.finished:
+            outputs[out.request_id] = out.outputs[0].token_ids
+    return [first[r] for r in ids], {r: outputs[r] for r in ids}
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {"mean_ms": 1e3 * sum(s) / len(s), "p50_ms": 1e3 * s[len(s) // 2], "max_ms": 1e3 * s[-1]}
+
+
+def bench_prefix(model: str, engine_args: dict[str, Any], system_len: int, suffix_len: int,
+                 concurrencies: list[int], divergence_prompts: int, divergence_tokens: int, seed: int = 0
+                 ) -> dict[str, Any]:
+    llm = LLM(model, **{**engine_args, "enable_prefix_caching": True})
+    eng = llm.engine
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
+    rng = random.Random(seed)
+    rows = []
+    for c in concurrencies:
+        # Warm-up at this shape (kernel compilation, allocator, a cache hit), not measured.
+        warmup_sys = _random_ids(rng, vocab, system_len)
+        for _ in range(2):
+            _ttfts(eng, [warmup_sys + _random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
+        # Cold: a system prompt never seen before. Warm: the same one after a priming request.
+        cold_sys = _random_ids(rng, vocab, system_len)
+        cold, _ = _ttfts(eng, [cold_sys + _random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
+        warm_sys = _random_ids(rng, vocab, system_len)
+        _ttfts(eng, [warm_sys + _random_ids(rng, vocab, suffix_len)], 1)
+        hits_before = eng.scheduler.prefix_cache_hit_tokens
+        warm, _ = _ttfts(eng, [warm_sys + _random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
+        rows.append({"concurrency": c, "cold": _summary(cold), "warm": _summary(warm),
+                     "speedup_mean": sum(cold) / sum(warm),
+                     "warm_hit_tokens": eng.scheduler.prefix_cache_hit_tokens - hits_before})
+    # Divergence: the same prompts generated cold (first sight) then warm (cache hits), greedy.
+    sys_prompt = _random_ids(rng, vocab, system_len)
+    prompts = [sys_prompt + _random_ids(rng, vocab, suffix_len) for _ in range(divergence_prompts)]
+    _, cold_out = _ttfts(eng, prompts[:1], divergence_tokens)
+    _, cold_rest = _ttfts(eng, prompts[1:], divergence_tokens)  # hits on the shared system prompt
+    _, warm_out = _ttfts(eng, prompts, divergence_tokens)  # hits on whole prompts
+    cold_all = list(cold_out.values()) + list(cold_rest.values())
+    warm_all = list(warm_out.values())
+    first_diff = [next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), None)
+                  for x, y in zip(cold_all, warm_all, strict=True)]
+    return {
+        "system_len": system_len, "suffix_len": suffix_len, "ttft": rows,
+        "divergence": {"prompts": divergence_prompts, "tokens": divergence_tokens,
+                       "identical": sum(d is None for d in first_diff),
+                       "first_divergence_positions": [d for d in first_diff if d is not None],
+                       "note": "first-seen run vs the same prompts again with every full block cached"},
+        "engine": {"model_digest": eng.model_digest, "dtype": str(eng.dtype), "kv_dtype": str(eng.kv_dtype),
+                   "kv_blocks_total": eng.num_blocks, "settings": eng.config.non_default_settings()},
+    }
+
+
+def _decode_throughput(llm: LLM, batch: int, context: int, new_tokens: int, seed: int) -> dict[str, float]:
+    eng = llm.engine
+    rng = random.Random(seed)
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(f"d{seed}-{i}", _random_ids(rng, vocab, context), params)
+    decode_start = None
+    decoded = 0
+    while eng.has_unfinished_requests():
+        result = eng.step()
+        if decode_start is None and eng.stats()["requests_waiting"] == 0 and all(
+                s.output_token_ids for s in eng.scheduler.running):
+            _sync()
+            decode_start = time.perf_counter()
+            continue
+        if decode_start is not None:
+            decoded += sum(ev.token_id is not None for ev in result.events)
+    _sync()
+    elapsed = time.perf_counter() - (decode_start or time.perf_counter())
+    return {"batch": batch, "context": context, "decode_tokens": decoded, "decode_s": elapsed,
+            "decode_tok_s": decoded / elapsed if elapsed > 0 else 0.0}
+
+
+def bench_kv(model: str, engine_args: dict[str, Any], context: int, batches: list[int], new_tokens: int,
+             accuracy_prompt_len: int, accuracy_tokens: int, seed: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {"context": context, "variants": {}}
+    logits: dict[str, torch.Tensor] = {}
+    sequence: list[int] | None = None
+    for name, kv in (("model_dtype", "auto"), ("fp8", "fp8")):
+        llm = LLM(model, **{**engine_args, "kv_cache_dtype": kv})
+        eng = llm.engine
+        row: dict[str, Any] = {"kv_dtype": str(eng.kv_dtype), "kv_blocks_total": eng.num_blocks,
+                               "max_concurrent_at_context": eng.num_blocks * eng.block_size // context}
+        row["decode"] = [_decode_throughput(llm, b, context, new_tokens, seed) for b in batches
+                         if b * -(-(context + new_tokens) // eng.block_size) <= eng.num_blocks]
+        if sequence is None:  # the reference generation, greedy with model-dtype KV
+            rng = random.Random(seed + 1)
+            prompt = _random_ids(rng, min(eng.model_config.vocab_size, len(eng.tokenizer)), accuracy_prompt_len)
+            gen = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=accuracy_tokens,
+                                                        ignore_eos=True))
+            sequence = prompt + gen[0].outputs[0].token_ids
+        logits[name] = eng.prompt_logits(sequence)[accuracy_prompt_len - 1:-1].float().cpu()
+        out["variants"][name] = row
+        del llm, eng
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    ref, q = logits["model_dtype"].log_softmax(-1), logits["fp8"].log_softmax(-1)
+    out["accuracy"] = {"positions": int(ref.shape[0]),
+                       "top1_agreement": float((ref.argmax(-1) == q.argmax(-1)).float().mean()),
+                       "mean_kl": float((ref.exp() * (ref - q)).sum(-1).mean()),
+                       "note": "teacher-forced over a greedy generation of the model-dtype KV engine"}
+    return out
+
+
+def write_envelope(kind: str, model: str, result: dict[str, Any], output_json: str | None) -> dict[str, Any]:
+    env = {"benchmark": kind, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "hardware": hardware(), "model": str(Path(model).resolve()), "result": result}
+    if output_json:
+        Path(output_json).write_text(json.dumps(env, indent=2, default=str) + "\n")
+    return env
