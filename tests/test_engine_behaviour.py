@@ -11,11 +11,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.test_engine_parity import greedy, mixed_prompts
 
 from governor.engine import LLM, SamplingParams
 from governor.engine.models.checkpoint import model_digest
 from governor.engine.models.model_config import UnsupportedModelError, load_model_config
+from tests.test_engine_parity import greedy, mixed_prompts
 
 
 @pytest.fixture(scope="module")

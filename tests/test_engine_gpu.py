@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.conftest import ARCHS
-from tests.test_engine_parity import ENGINE_SETUPS, engine_prompt_logits, greedy, hf_greedy, mixed_prompts
 
 from governor.engine import LLM
+from tests.conftest import ARCHS
+from tests.test_engine_parity import ENGINE_SETUPS, engine_prompt_logits, greedy, hf_greedy, mixed_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -55,6 +55,7 @@ def test_gpu_bf16_agreement_with_transformers_bf16(hf_checkpoint, tmp_path) -> N
     """bf16 rounding makes exact agreement a measurement, not a guarantee: report it, and require that
     the first greedy token (a single forward) agrees for nearly all prompts."""
     import transformers
+
     from tests.conftest import build_hf_checkpoint
 
     path = build_hf_checkpoint(tmp_path / "bf16", "qwen3", dtype=torch.bfloat16)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.conftest import ARCHS
 
 from governor.engine import LLM, SamplingParams
+from tests.conftest import ARCHS
 
 NEW_TOKENS = 24
 
@@ -109,6 +109,7 @@ def test_sharded_checkpoint_loads_identically(hf_checkpoint, tmp_path: Path) -> 
 def test_half_precision_checkpoints_agree_with_transformers_on_the_first_token(tmp_path: Path, dtype) -> None:
     """bf16/fp16 load and run on CPU; one forward's greedy pick matches transformers in the same dtype."""
     import transformers
+
     from tests.conftest import build_hf_checkpoint
 
     path = build_hf_checkpoint(tmp_path, "llama", dtype=dtype)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.test_engine_parity import greedy
 
 from governor.engine import LLM, SamplingParams
 from governor.engine.kv.block_hash import chain_hashes, identity_seed
 from governor.engine.kv.block_pool import BlockPool
+from tests.test_engine_parity import greedy
 
 
 @pytest.fixture(scope="module")
