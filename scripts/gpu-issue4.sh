@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU run for the server/prefix/fp8 issues, through the device tool:
+#   run(command="STAGE=tests bash scripts/gpu-issue4.sh", carry=[".whl"]) then STAGE=prefix, STAGE=kv
+set -uo pipefail
+OUT=${OUT:-out/gpu}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+M=/tmp/llama3-8b
+make_8b() { [ -f $M/config.json ] || python3 -m governor.engine make-model $M --arch llama --preset llama3-8b \
+  --dtype bfloat16 --device cuda 2>&1 | grep -v INFO; }
+for stage in ${STAGE:-tests prefix kv}; do
+  case $stage in
+    tests)
+      python3 -m pytest -q -m gpu -s tests/ -p no:cacheprovider 2>&1 | grep -vE "Writing|Loading" | tail -40 \
+        | tee "$OUT/gpu-tests.log" ;;
+    prefix)
+      make_8b
+      python3 -m governor.engine bench prefix --model $M --system-len 2000 --suffix-len 50 --concurrency 1,32 \
+        --divergence-prompts 32 --divergence-tokens 64 --output-json "$OUT/bench-prefix.json" 2>&1 | grep -v INFO ;;
+    kv)
+      make_8b
+      python3 -m governor.engine bench kv --model $M --context 4096 --batches 32,128,256 --new-tokens 64 \
+        --accuracy-prompt-len 64 --accuracy-tokens 256 --output-json "$OUT/bench-kv.json" 2>&1 | grep -v INFO ;;
+  esac
+done
