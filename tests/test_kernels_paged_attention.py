@@ -5,6 +5,7 @@ before anything imports the kernels (Triton reads it when `@triton.jit` decorate
 """
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,6 +15,9 @@ from governor.kernels import paged_attention as pa
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # (atol, rtol): fp32 is exact math; half types round P to 8 (bf16) or 11 (fp16) mantissa bits.
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+FP8 = pa.FP8_KV_DTYPE
+E4M3_HALF_STEP = 2.0**-4  # round to nearest with 3 mantissa bits: relative error <= 2^-4
+E4M3_HALF_SUBNORMAL_STEP = 2.0**-10  # below 2^-6 the step is a fixed 2^-9 (times the scale)
 
 needs_triton = pytest.mark.skipif(
     not (torch.cuda.is_available() or pa._INTERPRET),
@@ -84,6 +88,53 @@ def _prefix_sums(xs: list[int]) -> list[int]:
     for x in xs:
         out.append(out[-1] + x)
     return out
+
+
+@dataclass
+class Fp8KV:
+    """An fp8 copy of a float32 PagedCase's caches with per-head scales (absmax / 448)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+
+    @property
+    def scales(self) -> dict[str, torch.Tensor]:
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale}
+
+
+def head_magnitudes(low: float, high: float, num_heads: int, device: torch.device = DEVICE) -> torch.Tensor:
+    """Geometric steps from low to high, one per head: heads whose ranges differ by orders of magnitude."""
+    return torch.logspace(math.log10(low), math.log10(high), num_heads, device=device)
+
+
+def quantize_fp8(
+    case: PagedCase, k_range: tuple[float, float] = (0.5, 2.0), v_range: tuple[float, float] = (0.1, 10.0)
+) -> Fp8KV:
+    """Spread the case's per-head K/V magnitudes over the ranges (in place: `case` stays the unquantized
+    twin), then store every slot into a fresh fp8 cache through write_kv_ref."""
+    assert case.dtype == torch.float32
+    num_blocks, block_size, heads, head_dim = case.k_cache.shape
+    case.k_cache *= head_magnitudes(*k_range, heads)[:, None]
+    case.v_cache *= head_magnitudes(*v_range, heads)[:, None]
+    kv = Fp8KV(
+        torch.empty(case.k_cache.shape, dtype=FP8, device=DEVICE),
+        torch.empty(case.v_cache.shape, dtype=FP8, device=DEVICE),
+        case.k_cache.abs().amax(dim=(0, 1, 3)) / pa.FP8_MAX,
+        case.v_cache.abs().amax(dim=(0, 1, 3)) / pa.FP8_MAX,
+    )
+    slots = torch.arange(num_blocks * block_size, device=DEVICE)
+    pa.write_kv_ref(
+        case.k_cache.view(-1, heads, head_dim), case.v_cache.view(-1, heads, head_dim),
+        kv.k_cache, kv.v_cache, slots, **kv.scales,
+    )  # fmt: skip
+    return kv
+
+
+def dequantize(cache: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What a reader of the fp8 cache sees: fp8.float() * scale[head]."""
+    return cache.float() * scale[:, None]
 
 
 def dense_causal_attention(
@@ -190,22 +241,49 @@ def test_reference_rejects_more_queries_than_context() -> None:
 
 
 def _decode_against_ref(
-    case: PagedCase, num_q_heads: int, num_splits: int | None, out: torch.Tensor | None = None
+    case: PagedCase,
+    num_q_heads: int,
+    num_splits: int | None,
+    out: torch.Tensor | None = None,
+    fp8: Fp8KV | None = None,
+    q_dtype: torch.dtype | None = None,
 ) -> None:
+    """The decode kernel against the reference on the case's cache, or on its fp8 copy `fp8`."""
     num_seqs = len(case.seq_lens_list)
     q, query_start_loc = case.queries([1] * num_seqs, num_q_heads)
+    q = q.to(q_dtype or case.dtype)
+    k_cache, v_cache, scales = _caches(case, fp8)
     scale = 1 / math.sqrt(q.shape[2])
     want = pa.paged_attention_ref(
-        q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, query_start_loc, scale
+        q, k_cache, v_cache, case.block_tables, case.seq_lens, query_start_loc, scale, **scales
     )
 
     got = pa.paged_decode_attention(
-        q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale, out, num_splits=num_splits
+        q, k_cache, v_cache, case.block_tables, case.seq_lens, scale, out, num_splits=num_splits, **scales
     )
 
     assert got.dtype == q.dtype
-    atol, rtol = TOLERANCE[case.dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+    _assert_close_for(got, want, q.dtype, fp8)
+
+
+def _caches(case: PagedCase, fp8: Fp8KV | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """K cache, V cache and the scale kwargs the entry points take: the case's own, or its fp8 copy's."""
+    if fp8 is None:
+        return case.k_cache, case.v_cache, {}
+    return fp8.k_cache, fp8.v_cache, fp8.scales
+
+
+def _assert_close_for(got: torch.Tensor, want: torch.Tensor, q_dtype: torch.dtype, fp8: Fp8KV | None) -> None:
+    """Kernel vs reference at q's dtype tolerance. With fp8, in units of each head's largest |V| (its
+    scale * 448), since quantize_fp8 spreads the heads' ranges 100x apart. Measured on CPU in those
+    units: fp32 2.5e-7, bf16 3.3e-3, fp16 8e-5."""
+    atol, rtol = TOLERANCE[q_dtype]
+    got, want = got.float(), want.float()
+    if fp8 is not None:
+        group = got.shape[1] // fp8.v_scale.shape[0]
+        v_max = (fp8.v_scale * pa.FP8_MAX).repeat_interleave(group)[:, None]
+        got, want = got / v_max, want / v_max
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
 
 
 @needs_triton
@@ -282,20 +360,24 @@ def test_decode_rejects_head_dim_that_is_not_a_power_of_two() -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _prefill_against_ref(case: PagedCase, q_lens: list[int], num_q_heads: int) -> None:
+def _prefill_against_ref(
+    case: PagedCase, q_lens: list[int], num_q_heads: int, fp8: Fp8KV | None = None, q_dtype: torch.dtype | None = None
+) -> None:
+    """The prefill kernel against the reference on the case's cache, or on its fp8 copy `fp8`."""
     q, query_start_loc = case.queries(q_lens, num_q_heads)
+    q = q.to(q_dtype or case.dtype)
+    k_cache, v_cache, scales = _caches(case, fp8)
     scale = 1 / math.sqrt(q.shape[2])
     want = pa.paged_attention_ref(
-        q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, query_start_loc, scale
+        q, k_cache, v_cache, case.block_tables, case.seq_lens, query_start_loc, scale, **scales
     )
 
     got = pa.paged_prefill_attention(
-        q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, query_start_loc, max(q_lens), scale
+        q, k_cache, v_cache, case.block_tables, case.seq_lens, query_start_loc, max(q_lens), scale, **scales
     )
 
     assert got.dtype == q.dtype
-    atol, rtol = TOLERANCE[case.dtype]
-    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)
+    _assert_close_for(got, want, q.dtype, fp8)
 
 
 @needs_triton
@@ -341,6 +423,174 @@ def test_prefill_skips_sequences_without_queries() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# fp8 (e4m3) KV cache with static per-head scales
+# ----------------------------------------------------------------------------------------------
+
+
+def test_fp8_write_then_read_is_within_half_an_e4m3_step_of_the_value() -> None:
+    # Heads four orders of magnitude apart, each scaled to its own absmax: every head keeps e4m3's
+    # relative precision, down to the subnormals near zero.
+    gen = torch.Generator().manual_seed(0)
+    heads, head_dim = 3, 16
+    magnitudes = head_magnitudes(1e-3, 10.0, heads, torch.device("cpu"))
+    key = torch.randn(512, heads, head_dim, generator=gen) * magnitudes[:, None]
+    scale = key.abs().amax(dim=(0, 2)) / pa.FP8_MAX
+    k_cache = torch.empty(32, 16, heads, head_dim, dtype=FP8)
+    v_cache = torch.empty_like(k_cache)
+
+    pa.write_kv_ref(key, key, k_cache, v_cache, torch.arange(512), k_scale=scale, v_scale=scale)
+
+    read = dequantize(k_cache.view(-1, heads, head_dim), scale)
+    err = (read - key).abs()
+    assert (err <= E4M3_HALF_STEP * key.abs() + E4M3_HALF_SUBNORMAL_STEP * scale[:, None]).all()
+    # The bound is the real precision, not slack: some values come within 10% of it.
+    normal = key.abs() >= 2.0**-6 * scale[:, None]
+    assert float((err[normal] / key.abs()[normal]).max()) > 0.9 * E4M3_HALF_STEP
+
+
+def test_fp8_write_saturates_at_448_times_the_scale_instead_of_overflowing_to_nan() -> None:
+    scale = torch.tensor([0.5, 2.0])
+    key = torch.tensor([[[1e4, -1e4, 448.0, -500.0]] * 2])  # [1 token, 2 heads, 4]
+    k_cache = torch.empty(1, 4, 2, 4, dtype=FP8)
+    v_cache = torch.empty_like(k_cache)
+
+    pa.write_kv_ref(key, key, k_cache, v_cache, torch.tensor([2]), k_scale=scale, v_scale=scale)
+
+    assert dequantize(k_cache[0, 2], scale).tolist() == [
+        [224.0, -224.0, 224.0, -224.0],  # scale 0.5: +-448 * 0.5
+        [896.0, -896.0, 448.0, -512.0],  # scale 2: +-448 * 2 saturated; 448 and -500 representable after / 2
+    ]
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_write_kv_kernel_stores_the_same_bytes_as_ref(dtype: torch.dtype) -> None:
+    # Every e4m3 value, every midpoint between neighbours (ties: round half to even decides, and the
+    # mantissa carries into the next binade), each midpoint one fp32 step either side, values past
+    # 448 (saturation), subnormals and -0.0. Power-of-two scales keep x / scale exact; with 0.3 it
+    # lands within a rounding of the ties, where only IEEE division (div_rn, as torch) agrees.
+    gen = torch.Generator().manual_seed(2)
+    heads, head_dim = 3, 32
+    scale = torch.tensor([1.0, 0.0625, 0.3])
+    grid = torch.arange(0x7F, dtype=torch.uint8).view(FP8).float()  # 0 .. 448 (0x7F is NaN)
+    mids = (grid[1:] + grid[:-1]) / 2
+    inf = torch.tensor(math.inf)
+    values = torch.cat([grid, mids, mids.nextafter(inf), mids.nextafter(-inf), torch.tensor([449.0, 464.0, 1e4])])
+    values = torch.cat([values, -values, torch.full((1,), -0.0)])
+    pad = -len(values) % (heads * head_dim)
+    rows = torch.cat([values, torch.randn(pad, generator=gen)]).view(-1, heads, head_dim)
+    key = (rows * scale[:, None]).to(dtype)
+    value = -key.flip(0)
+    num_tokens = key.shape[0]
+    slots = torch.randperm(num_tokens + 16, generator=gen)[:num_tokens]
+    slots[[1, 7]] = -1
+    cache_shape = (-(-(num_tokens + 16) // 16), 16, heads, head_dim)
+    k_ref = torch.zeros(cache_shape, dtype=FP8)
+    v_ref = torch.zeros(cache_shape, dtype=FP8)
+    k_got, v_got = k_ref.clone().to(DEVICE), v_ref.clone().to(DEVICE)
+
+    pa.write_kv_ref(key, value, k_ref, v_ref, slots, k_scale=scale, v_scale=scale)
+    pa.write_kv(
+        key.to(DEVICE), value.to(DEVICE), k_got, v_got, slots.to(DEVICE),
+        k_scale=scale.to(DEVICE), v_scale=scale.to(DEVICE),
+    )  # fmt: skip
+
+    assert torch.equal(k_got.cpu().view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v_got.cpu().view(torch.uint8), v_ref.view(torch.uint8))
+
+
+def test_fp8_reference_attention_stays_within_a_sixteenth_of_each_heads_value_range() -> None:
+    # The fp8 cache against the same K/V unquantized. Each output is a softmax-weighted mean of V
+    # rows, so V's rounding alone moves it by <= 2^-4 of the head's largest |V|; K's rounding
+    # perturbs the weights. Measured over 6 seeds: max |error| / max|V_head| = 0.016 .. 0.037 for
+    # fp8 (a bf16 cache: 0.001 .. 0.002); asserted: <= 2^-4.
+    seq_lens = [1, 40, 300, 1000]
+    case = PagedCase(seq_lens, 2, 64, 16, torch.float32, seed=4)
+    fp8 = quantize_fp8(case)
+    q, query_start_loc = case.queries([1] * len(seq_lens), 8)
+    args = (case.block_tables, case.seq_lens, query_start_loc, 1 / 8)
+
+    exact = pa.paged_attention_ref(q, case.k_cache, case.v_cache, *args)
+    got = pa.paged_attention_ref(q, fp8.k_cache, fp8.v_cache, *args, **fp8.scales)
+
+    v_max = case.v_cache.abs().amax(dim=(0, 1, 3)).repeat_interleave(4)  # per q head
+    err = ((got - exact).abs() / v_max[:, None]).max()
+    assert 0 < float(err) <= E4M3_HALF_STEP
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("q_dtype", "num_q_heads", "num_kv_heads", "head_dim"),
+    [(torch.float32, 8, 2, 32), (torch.bfloat16, 8, 2, 32), (torch.float16, 3, 3, 16)],
+    ids=["f32-gqa4", "bf16-gqa4", "f16-mha"],
+)
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["one-pass", "split-kv"])
+def test_fp8_decode_kernel_matches_the_fp8_reference(
+    q_dtype: torch.dtype, num_q_heads: int, num_kv_heads: int, head_dim: int, num_splits: int
+) -> None:
+    # Same quantized bytes on both sides, so the kernel is held to q's dtype tolerance (fp32: 1e-5).
+    case = PagedCase([1, 16, 37, 130], num_kv_heads, head_dim, 16, torch.float32, spare_table_entries=10)
+    _decode_against_ref(case, num_q_heads, num_splits, fp8=quantize_fp8(case), q_dtype=q_dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_fp8_prefill_kernel_matches_the_fp8_reference(q_dtype: torch.dtype) -> None:
+    seq_lens, q_lens = [21, 100, 37, 83], [21, 40, 1, 19]
+    case = PagedCase(seq_lens, 2, 32, 8, torch.float32)
+    _prefill_against_ref(case, q_lens, 4, fp8=quantize_fp8(case), q_dtype=q_dtype)
+
+
+def _fp8_call(entry: str, scales: dict[str, torch.Tensor], cache_dtype: torch.dtype = FP8) -> None:
+    """Call one public entry point on a tiny cache of `cache_dtype` with bf16 q/K/V."""
+    k_cache = torch.zeros(2, 8, 2, 16, dtype=cache_dtype, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    kv = torch.zeros(1, 2, 16, dtype=torch.bfloat16, device=DEVICE)
+    q = torch.zeros(1, 4, 16, dtype=torch.bfloat16, device=DEVICE)
+    tables = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    slots = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    calls = {
+        "write_kv_ref": lambda: pa.write_kv_ref(kv, kv, k_cache, v_cache, slots, **scales),
+        "write_kv": lambda: pa.write_kv(kv, kv, k_cache, v_cache, slots, **scales),
+        "paged_attention_ref": lambda: pa.paged_attention_ref(q, k_cache, v_cache, tables, lens, starts, 1.0, **scales),
+        "paged_decode_attention": lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 1.0, **scales),
+        "paged_prefill_attention": lambda: pa.paged_prefill_attention(
+            q, k_cache, v_cache, tables, lens, starts, 1, 1.0, **scales
+        ),
+    }
+    calls[entry]()
+
+
+ENTRY_POINTS = ["write_kv_ref", "write_kv", "paged_attention_ref", "paged_decode_attention", "paged_prefill_attention"]
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_fp8_cache_without_scales_is_rejected(entry: str) -> None:
+    with pytest.raises(ValueError, match=r"fp8 .* KV cache needs k_scale and v_scale .*v_scale is None"):
+        _fp8_call(entry, {"k_scale": torch.ones(2, device=DEVICE)})
+
+
+@pytest.mark.parametrize("entry", ["write_kv", "paged_decode_attention"])
+def test_scales_for_a_bf16_cache_are_rejected_not_ignored(entry: str) -> None:
+    scales = {"k_scale": torch.ones(2, device=DEVICE), "v_scale": torch.ones(2, device=DEVICE)}
+    with pytest.raises(ValueError, match="apply only to an fp8"):
+        _fp8_call(entry, scales, cache_dtype=torch.bfloat16)
+
+
+def test_fp8_scales_must_be_float32_per_kv_head() -> None:
+    scales = {"k_scale": torch.ones(2, device=DEVICE), "v_scale": torch.ones(4, device=DEVICE)}
+    with pytest.raises(ValueError, match=r"v_scale must be float32 \[num_kv_heads\] = \[2\]"):
+        _fp8_call("paged_attention_ref", scales)
+
+
+def test_other_fp8_cache_dtypes_are_rejected() -> None:
+    with pytest.raises(ValueError, match="only fp8 KV cache dtype supported"):
+        _fp8_call("write_kv_ref", {}, cache_dtype=torch.float8_e5m2)
+
+
+# ----------------------------------------------------------------------------------------------
 # GPU: real shapes (run through the device tool)
 # ----------------------------------------------------------------------------------------------
 
@@ -368,3 +618,48 @@ def test_gpu_chunked_prefill_real_shapes(num_q_heads: int, num_kv_heads: int, he
     prefixes = [0, 30720, 4096, 16000, 31000, 20000]
     case = PagedCase([p + n for p, n in zip(prefixes, q_lens, strict=True)], num_kv_heads, head_dim, 16, torch.bfloat16)
     _prefill_against_ref(case, q_lens, num_q_heads)
+
+
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), [(32, 4), (64, 8)], ids=["gqa8-32q", "gqa8-64q"])
+@pytest.mark.parametrize("context", [4096, 32768])
+@pytest.mark.parametrize("num_splits", [None, 1])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_decode_real_shapes(num_q_heads: int, num_kv_heads: int, context: int, num_splits: int | None) -> None:
+    # bf16 q over an fp8 cache, head_dim 128, GQA 8:1, batch 32 with a few shorter sequences.
+    seq_lens = [context] * 28 + [context - 1, context // 3 + 5, 17, 1]
+    case = PagedCase(seq_lens, num_kv_heads, 128, 16, torch.float32)
+    _decode_against_ref(case, num_q_heads, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_chunked_prefill_real_shapes() -> None:
+    q_lens = [2048, 2048, 512, 1000, 1536, 1]
+    prefixes = [0, 30720, 4096, 16000, 31000, 20000]
+    case = PagedCase([p + n for p, n in zip(prefixes, q_lens, strict=True)], 4, 128, 16, torch.float32)
+    _prefill_against_ref(case, q_lens, 32, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_write_kv_real_shapes_stores_the_same_bytes_as_ref() -> None:
+    # A 4096-token prefill chunk of 8 kv heads x 128 in bf16, scattered into a 16-token-block cache;
+    # the hardware cast (round to nearest even, saturating) against torch's.
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    heads, head_dim, num_tokens = 8, 128, 4096
+    key = (torch.randn(num_tokens, heads, head_dim, generator=gen, device=DEVICE) * 3).to(torch.bfloat16)
+    value = (torch.randn(num_tokens, heads, head_dim, generator=gen, device=DEVICE) * 3).to(torch.bfloat16)
+    # Scales at the 99th percentile so some values saturate.
+    k_scale = key.float().abs().transpose(0, 1).reshape(heads, -1).quantile(0.99, dim=1) / pa.FP8_MAX
+    v_scale = head_magnitudes(0.001, 0.1, heads)
+    slots = torch.randperm(num_tokens * 2, generator=gen, device=DEVICE)[:num_tokens]
+    k_ref = torch.zeros(num_tokens * 2 // 16, 16, heads, head_dim, dtype=FP8, device=DEVICE)
+    v_ref = torch.zeros_like(k_ref)
+    k_got, v_got = k_ref.clone(), v_ref.clone()
+
+    pa.write_kv_ref(key, value, k_ref, v_ref, slots, k_scale=k_scale, v_scale=v_scale)
+    pa.write_kv(key, value, k_got, v_got, slots, k_scale=k_scale, v_scale=v_scale)
+
+    assert torch.equal(k_got.view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v_got.view(torch.uint8), v_ref.view(torch.uint8))

@@ -18,6 +18,18 @@ Layout (the engine relies on it):
 - GQA/MQA: query head `h` reads kv head `h // (num_q_heads // num_kv_heads)`.
 
 A sequence with `seq_lens[i] == 0` (a padding row of a CUDA-graph batch) gets an all-zero output.
+
+fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay bf16/fp16/fp32):
+- Every entry point then takes `k_scale`, `v_scale`: float32 [num_kv_heads], the layer's static
+  per-head scales (positive; not checked on device, it would sync). Heads differ in range by orders
+  of magnitude, so each gets its own; static, so CUDA graphs need no per-step update and cached
+  prefix blocks stay valid forever. Non-fp8 caches take no scales (passing them is an error, so a
+  misconfigured layer fails loudly instead of silently ignoring them).
+- Stored value = e4m3(clamp(x / scale[head], -448, 448)), rounded to nearest even; read value =
+  float(stored) * scale[head]. Saturating keeps an outlier from becoming NaN (e4m3fn has no inf).
+- The kernels never materialize dequantized K/V: e4m3 values are exact in bf16/fp16/fp32, so a tile
+  is converted to q's dtype losslessly, `k_scale[head]` folds into the softmax scale and
+  `v_scale[head]` multiplies the accumulated output once per program.
 """
 
 from __future__ import annotations
@@ -32,6 +44,10 @@ import triton.language as tl
 _INTERPRET = bool(triton.knobs.runtime.interpret)
 
 _LOG2E = 1.4426950408889634
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+_FP8_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # q/out dtypes over an fp8 cache
 
 # Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
 _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
@@ -55,18 +71,30 @@ def write_kv_ref(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store `key`/`value` [T, num_kv_heads, head_dim] at `slot_mapping` [T] (int64) in place.
 
     Slots < 0 are padding and are skipped. Plain torch indexing; the boolean mask syncs with the
     host, so this is the CPU path (`write_kv` uses a kernel on GPU, safe in CUDA graphs).
+    An fp8 cache needs `k_scale`/`v_scale` [num_kv_heads] and stores clamp(x / scale, ±448) (see
+    the module docstring).
     """
-    _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[keep].to(v_cache.dtype)
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = _to_cache_dtype(key[keep], k_cache.dtype, k_scale)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = _to_cache_dtype(value[keep], v_cache.dtype, v_scale)
+
+
+def _to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """[T, num_kv_heads, head_dim] -> the cache's dtype; fp8 divides by the head's scale and saturates."""
+    if scale is None:
+        return x.to(dtype)
+    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(dtype)
 
 
 @triton.jit
@@ -76,6 +104,8 @@ def _write_kv_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -85,6 +115,8 @@ def _write_kv_kernel(
     stride_vc_slot,
     stride_vc_h,
     HEAD_DIM: tl.constexpr,
+    FP8: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     # One program per (token, kv head): one contiguous head_dim row each for K and V.
     token = tl.program_id(0)
@@ -95,10 +127,36 @@ def _write_kv_kernel(
     d = tl.arange(0, HEAD_DIM)
     k = tl.load(key_ptr + token * stride_kt + head * stride_kh + d)
     v = tl.load(value_ptr + token * stride_vt + head * stride_vh + d)
+    if FP8:
+        k = _quantize_e4m3(k, tl.load(k_scale_ptr + head), INTERPRET)
+        v = _quantize_e4m3(v, tl.load(v_scale_ptr + head), INTERPRET)
     kc = k_cache_ptr + slot * stride_kc_slot + head * stride_kc_h + d
     vc = v_cache_ptr + slot * stride_vc_slot + head * stride_vc_h + d
     tl.store(kc, k.to(kc.dtype.element_ty))
     tl.store(vc, v.to(vc.dtype.element_ty))
+
+
+@triton.jit
+def _quantize_e4m3(x, scale, INTERPRET: tl.constexpr):
+    # Returns fp32 values the caller casts to e4m3 (round to nearest even on GPU).
+    # div_rn is IEEE division, as torch's: the kernel stores the same bytes as write_kv_ref.
+    y = tl.div_rn(x.to(tl.float32), scale)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    if INTERPRET:
+        # The interpreter's fp32 -> e4m3 cast rounds ties away from zero, drops the mantissa carry
+        # (127.99 -> 64) and mangles subnormals, but converts representable values exactly; so
+        # round to the e4m3 grid here. Grid spacing is 2^(exponent - 3), and 2^-9 below 2^-6
+        # (subnormals). Adding 1.5 * 2^23 * spacing moves |y| into a binade whose fp32 spacing is
+        # exactly `spacing`, so fp32's own round-to-nearest-even does the rounding.
+        bits = y.to(tl.int32, bitcast=True)
+        exponent = tl.maximum((bits >> 23) & 0xFF, 127 - 6)
+        spacing = ((exponent - 3) << 23).to(tl.float32, bitcast=True)
+        magic = spacing * 12582912.0
+        r = (tl.abs(y) + magic) - magic
+        # Sign from the sign bit, and by a product: the interpreter's negation turns 0.0 into +0.0,
+        # while torch stores a negative value that rounds to zero as -0.0.
+        y = tl.where(bits < 0, -1.0, 1.0) * r
+    return y
 
 
 def write_kv(
@@ -107,16 +165,20 @@ def write_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Store `key`/`value` [T, num_kv_heads, head_dim] at `slot_mapping` [T] (int64) in place.
 
     Slots < 0 are padding and are skipped. On CUDA (or under TRITON_INTERPRET=1) a Triton kernel
     does it without a host sync, so it can be captured in a CUDA graph; otherwise `write_kv_ref`.
+    An fp8 cache needs `k_scale`/`v_scale` [num_kv_heads]; the bytes stored equal `write_kv_ref`'s.
     """
     if not _triton_usable(key):
-        write_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+        write_kv_ref(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
         return
-    _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping)
+    fp8 = _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
         return
@@ -130,6 +192,8 @@ def write_kv(
         k_flat,
         v_flat,
         slot_mapping,
+        k_scale if fp8 else k_flat,  # never dereferenced unless FP8
+        v_scale if fp8 else v_flat,
         key.stride(0),
         key.stride(1),
         value.stride(0),
@@ -139,6 +203,8 @@ def write_kv(
         v_flat.stride(0),
         v_flat.stride(1),
         HEAD_DIM=head_dim,
+        FP8=fp8,
+        INTERPRET=_INTERPRET,
     )
 
 
@@ -148,8 +214,11 @@ def _check_write_kv_args(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-) -> None:
-    _check_cache(k_cache, v_cache)
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> bool:
+    """Validate write_kv's arguments; return whether the cache is fp8."""
+    fp8 = _check_cache(k_cache, v_cache, k_scale, v_scale)
     expected = (key.shape[0], k_cache.shape[2], k_cache.shape[3])
     if tuple(key.shape) != expected or tuple(value.shape) != expected:
         raise ValueError(
@@ -163,6 +232,7 @@ def _check_write_kv_args(
         )
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         raise ValueError("write_kv: key and value need a contiguous last (head_dim) dimension")
+    return fp8
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,14 +248,18 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of varlen queries over a paged KV cache, in float32; the oracle.
 
     q: [T, num_q_heads, head_dim]; returns [T, num_q_heads, head_dim] in q.dtype. Loops over
-    sequences (one host sync for the lengths) and is vectorized within each.
+    sequences (one host sync for the lengths) and is vectorized within each. An fp8 cache needs
+    `k_scale`/`v_scale` [num_kv_heads]: K/V are dequantized to float32, then the same math.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     if query_start_loc.shape != (seq_lens.shape[0] + 1,):
         raise ValueError(
             f"query_start_loc must be [num_seqs + 1] = [{seq_lens.shape[0] + 1}], got {tuple(query_start_loc.shape)}"
@@ -202,9 +276,8 @@ def paged_attention_ref(
         if q_len > seq_len:
             raise ValueError(f"sequence {i}: {q_len} queries but only {seq_len} tokens of context")
         blocks = block_tables[i, : -(-seq_len // block_size)].long()
-        # [seq_len, kv heads, D] -> [kv heads, seq_len, D]
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float().transpose(0, 1)
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float().transpose(0, 1)
+        k = _read_context(k_cache, blocks, seq_len, k_scale)
+        v = _read_context(v_cache, blocks, seq_len, v_scale)
         # [q_len, Hq, D] -> [kv heads, group * q_len, D]: a group's heads share one K/V.
         qi = q[q_begin:q_end].float().reshape(q_len, num_kv_heads, group, head_dim)
         qi = qi.permute(1, 2, 0, 3).reshape(num_kv_heads, group * q_len, head_dim)
@@ -216,6 +289,15 @@ def paged_attention_ref(
         o = o.reshape(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
         out[q_begin:q_end] = o.reshape(q_len, num_q_heads, head_dim).to(q.dtype)
     return out
+
+
+def _read_context(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int, scale: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's first `seq_len` cached K or V as float32 [kv heads, seq_len, D], dequantized."""
+    num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    x = cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len].float()
+    if scale is not None:
+        x = x * scale[:, None]
+    return x.transpose(0, 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,8 +341,10 @@ def _attend_tile(
     d = tl.arange(0, HEAD_DIM)
     k_ptrs = k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh
     v_ptrs = v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh
-    k = tl.load(k_ptrs + d[None, :], mask=k_valid[:, None], other=0.0)
-    v = tl.load(v_ptrs + d[None, :], mask=k_valid[:, None], other=0.0)
+    # An fp8 tile widens to q's dtype exactly (e4m3 fits bf16/fp16/fp32); a no-op otherwise. Its
+    # per-head scales are applied by the caller, outside the loop.
+    k = tl.load(k_ptrs + d[None, :], mask=k_valid[:, None], other=0.0).to(q.dtype)
+    v = tl.load(v_ptrs + d[None, :], mask=k_valid[:, None], other=0.0).to(q.dtype)
 
     # Scores in the log2 domain (exp2 is the native instruction): s = q.k * scale * log2(e).
     if INTERPRET:
@@ -357,6 +441,8 @@ def _decode_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     partition_size,
     num_q_heads,
@@ -378,6 +464,7 @@ def _decode_kernel(
     TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -409,11 +496,16 @@ def _decode_kernel(
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if KV_FP8:
+        # Dequantization by linearity: q.(k8 * ks) = (q.k8) * ks, and P.(v8 * vs) = (P.v8) * vs.
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
     m_i, l_i, acc = _attend_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, kv_begin, kv_end, g, kv_head, qk_scale,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
         BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET,
     )  # fmt: skip
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr + kv_head)
 
     if SPLIT:
         # Unnormalized partials; the reduce rescales them to a common max.
@@ -475,6 +567,8 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query per sequence, q [B, num_q_heads, head_dim] -> [B, Hq, D].
 
@@ -485,8 +579,9 @@ def paged_decode_attention(
     `num_splits`: None picks automatically (from `max_seq_len` if given, else the block-table
     capacity, so no host sync and the choice is stable under CUDA graphs); 1 disables split-KV.
     `max_seq_len`: an upper bound on `seq_lens` known on the host, to size partitions tighter.
+    `k_scale`/`v_scale`: float32 [num_kv_heads], required with an fp8 cache (module docstring).
     """
-    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     _require_triton(q, "paged_decode_attention")
     batch, num_q_heads, head_dim = q.shape
     if block_tables.shape[0] != batch:
@@ -518,8 +613,10 @@ def paged_decode_attention(
         # Never dereferenced when SPLIT is off; the kernel still needs pointers.
         part_acc = part_m = part_l = out
 
+    fp8 = k_cache.dtype == FP8_KV_DTYPE
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
+        k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
         scale * _LOG2E, partition_size, num_q_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -530,6 +627,7 @@ def paged_decode_attention(
         TILE_N=_TILE_N,
         HEAD_DIM=head_dim,
         SPLIT=split,
+        KV_FP8=fp8,
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=_INTERPRET,
     )  # fmt: skip
@@ -565,6 +663,8 @@ def _prefill_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     stride_qt,
     stride_qh,
@@ -583,6 +683,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    KV_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -616,6 +717,9 @@ def _prefill_kernel(
     # Keys before the tile's first query are visible to every row: no causal mask there.
     full_end = (context_begin + tile_begin) // TILE_N * TILE_N
     kv_end = context_begin + tl.minimum(q_len, tile_begin + BLOCK_Q)
+    if KV_FP8:
+        # As in the decode kernel: K's scale folds into the scores, V's into the output.
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
     m_i, l_i, acc = _attend_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, q_pos, kv_head, qk_scale,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -626,6 +730,8 @@ def _prefill_kernel(
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
         BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, INTERPRET,
     )  # fmt: skip
+    if KV_FP8:
+        acc = acc * tl.load(v_scale_ptr + kv_head)
 
     # Every valid row sees key 0, so l_i > 0 there; padding rows are not stored.
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -643,14 +749,18 @@ def paged_prefill_attention(
     max_query_len: int,
     scale: float,
     out: torch.Tensor | None = None,
+    *,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of varlen queries over a paged KV cache: q [T, Hq, D] -> [T, Hq, D].
 
     The queries of sequence i are its last `q_len_i` context tokens (chunked prefill over a cached
     prefix, a whole prompt, or a single decode token). `max_query_len` must be >= every q_len_i
-    (it sizes the grid; a host int so no sync).
+    (it sizes the grid; a host int so no sync). `k_scale`/`v_scale`: float32 [num_kv_heads],
+    required with an fp8 cache (module docstring).
     """
-    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     _require_triton(q, "paged_prefill_attention")
     num_tokens, num_q_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -667,8 +777,10 @@ def paged_prefill_attention(
     block_q = max(1, _PREFILL_BLOCK_M // group)
     block_m = max(_MIN_DOT, triton.next_power_of_2(block_q * group))
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
+    fp8 = k_cache.dtype == FP8_KV_DTYPE
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
         scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -679,6 +791,7 @@ def paged_prefill_attention(
         BLOCK_SIZE=k_cache.shape[1],
         TILE_N=_TILE_N,
         HEAD_DIM=head_dim,
+        KV_FP8=fp8,
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=_INTERPRET,
     )  # fmt: skip
@@ -690,7 +803,13 @@ def paged_prefill_attention(
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+def _check_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> bool:
+    """Validate the caches and their scales (required iff fp8); return whether the cache is fp8."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
         raise ValueError(
             "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim] of one "
@@ -698,6 +817,31 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         )
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache need a contiguous last (head_dim) dimension")
+    fp8 = k_cache.dtype == FP8_KV_DTYPE
+    if k_cache.dtype.is_floating_point and k_cache.itemsize == 1 and not fp8:
+        raise ValueError(f"the only fp8 KV cache dtype supported is {FP8_KV_DTYPE}, got {k_cache.dtype}")
+    num_kv_heads = k_cache.shape[2]
+    if not fp8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(
+                f"k_scale/v_scale apply only to an fp8 ({FP8_KV_DTYPE}) KV cache; this cache is "
+                f"{k_cache.dtype}: pass None, or allocate the cache in {FP8_KV_DTYPE}"
+            )
+        return False
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None:
+            raise ValueError(
+                f"an fp8 ({FP8_KV_DTYPE}) KV cache needs k_scale and v_scale (float32 [num_kv_heads] = "
+                f"[{num_kv_heads}], the layer's per-head dequantization scales); {name} is None"
+            )
+        if s.shape != (num_kv_heads,) or s.dtype != torch.float32 or s.device != k_cache.device:
+            raise ValueError(
+                f"{name} must be float32 [num_kv_heads] = [{num_kv_heads}] on {k_cache.device}, "
+                f"got {s.dtype} {tuple(s.shape)} on {s.device}"
+            )
+        if s.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous (the kernels index it by kv head)")
+    return True
 
 
 def _check_attention_args(
@@ -706,16 +850,21 @@ def _check_attention_args(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
 ) -> int:
     """Validate shapes and dtypes shared by all attention entry points; return num_kv_heads."""
-    _check_cache(k_cache, v_cache)
+    fp8 = _check_cache(k_cache, v_cache, k_scale, v_scale)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads != 0:
         raise ValueError(
             f"q must be [T, num_q_heads, {head_dim}] with num_q_heads a multiple of num_kv_heads "
             f"({num_kv_heads}), got {tuple(q.shape)}"
         )
-    if q.dtype != k_cache.dtype:
+    if fp8:
+        if q.dtype not in _FP8_Q_DTYPES:
+            raise ValueError(f"q over an fp8 KV cache must be one of {_FP8_Q_DTYPES}, got {q.dtype}")
+    elif q.dtype != k_cache.dtype:
         raise ValueError(f"q dtype {q.dtype} must match the KV cache dtype {k_cache.dtype}")
     if q.stride(-1) != 1:
         raise ValueError("q needs a contiguous last (head_dim) dimension")
@@ -783,21 +932,35 @@ def bench_decode_attention(
     dtype: torch.dtype = torch.bfloat16,
     block_size: int = 16,
     num_splits: int | None = None,
+    kv_dtype: torch.dtype | None = None,
 ) -> dict[str, float]:
-    """Time `paged_decode_attention` on the GPU; returns microseconds and achieved KV bandwidth."""
+    """Time `paged_decode_attention` on the GPU; returns microseconds and achieved KV bandwidth.
+
+    `dtype` is q's; `kv_dtype` the cache's (default `dtype`; FP8_KV_DTYPE measures the fp8 cache,
+    whose bytes read are 1 per element plus the per-head scales).
+    """
     device = torch.device("cuda")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
     blocks_per_seq = -(-context // block_size)
     num_blocks = batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-    v_cache = torch.randn_like(k_cache)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    # randn then cast: fp8 has no randn, and N(0, 1) fits e4m3 with scale 1.
+    k_cache = torch.randn(shape, dtype=torch.float32, device=device).to(kv_dtype)
+    v_cache = torch.randn(shape, dtype=torch.float32, device=device).to(kv_dtype)
+    fp8 = kv_dtype == FP8_KV_DTYPE
+    k_scale = torch.ones(num_kv_heads, device=device) if fp8 else None
+    v_scale = torch.ones(num_kv_heads, device=device) if fp8 else None
     block_tables = torch.randperm(num_blocks, device=device).to(torch.int32).view(batch, blocks_per_seq)
     seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, num_q_heads, head_dim, dtype=dtype, device=device)
     out = torch.empty_like(q)
     ms = triton.testing.do_bench(
         lambda: paged_decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, 1 / math.sqrt(head_dim), out, num_splits=num_splits
+            q, k_cache, v_cache, block_tables, seq_lens, 1 / math.sqrt(head_dim), out,
+            num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
         )
-    )
+    )  # fmt: skip
     kv_bytes = 2 * batch * context * num_kv_heads * head_dim * k_cache.element_size()
+    if k_scale is not None and v_scale is not None:
+        kv_bytes += k_scale.nbytes + v_scale.nbytes  # distinct bytes; re-reads hit in cache
     return {"us": ms * 1e3, "kv_gb_per_s": kv_bytes / (ms * 1e-3) / 1e9}

@@ -61,7 +61,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
         metrics.error({400: "bad_request", 404: "not_found", 429: "queue_full", 503: "unavailable",
-                       401: "unauthorized", 422: "bad_knob"}.get(e.status, "other"))
+                       401: "unauthorized", 422: "bad_knob", 500: "internal"}.get(e.status, "other"))
         return _error_response(e.status, e.message, e.type, e.param, e.code, e.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -161,7 +161,7 @@ def create_app(state: ServerState) -> FastAPI:
     def _require_unicode(text: str, param: str) -> None:
         try:
             text.encode("utf-8")
-        except UnicodeEncodeError as e:  # JSON can carry lone surrogates; the tokenizer and hashes cannot
+        except UnicodeEncodeError as e:  # JSON can carry lone surrogates; the tokenizer cannot take them
             raise APIError(400, f"{param} is not valid Unicode text: {e.reason} at character {e.start}",
                            param=param) from e
 
@@ -171,8 +171,6 @@ def create_app(state: ServerState) -> FastAPI:
 
     def _cache_salt(request: Request, salt: str | None) -> str | None:
         """The request's cache_salt, prefixed with a digest of its API key when salts are per key."""
-        if salt is not None:
-            _require_unicode(salt, "cache_salt")
         auth = request.headers.get("authorization", "")
         if not state.salt_per_api_key or not auth.startswith("Bearer "):
             return salt
