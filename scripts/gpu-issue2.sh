@@ -12,7 +12,7 @@ export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:/tmp/site:$PWD PYTHONUN
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -q -m gpu -s tests/ -p no:cacheprovider 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
+  python3 -m pytest -q -m gpu -s tests/ -p no:cacheprovider --ignore=tests/test_server.py --ignore=tests/test_server_schema.py 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
 fi
 M=/tmp/qwen3-0.6b
 python3 -m governor.engine make-model $M --arch qwen3 --preset qwen3-0.6b --dtype bfloat16 --device cuda
