@@ -23,7 +23,7 @@ for stage in ${STAGE:-tests prefix kv}; do
         --divergence-prompts 32 --divergence-tokens 64 --output-json "$OUT/bench-prefix.json" 2>&1 | grep -v INFO ;;
     kv)
       make_8b
-      python3 -m governor.engine bench kv --model $M --context 4096 --batches 32,128,256 --new-tokens 64 \
+      python3 -m governor.engine bench kv --model $M --context 4096 --batches 32,128 --new-tokens 64 \
         --accuracy-prompt-len 64 --accuracy-tokens 256 --output-json "$OUT/bench-kv.json" 2>&1 | grep -v INFO ;;
   esac
 done
