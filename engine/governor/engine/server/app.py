@@ -21,6 +21,7 @@ from governor import contract
 from governor.engine.outputs import RequestOutput, TokenEvent
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.server.async_engine import AsyncEngine, QueueFullError
+from governor.engine.server.metrics import EngineMetrics
 from governor.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -42,21 +43,37 @@ def _error_response(status: int, message: str, type_: str, param: str | None = N
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
-    tokenizer: Any  # the server's own tokenizer instance (the step thread has its own)
+    """What the handlers see. `engine` and `tokenizer` are None while the model loads: the port is open
+    from the start so liveness (/health) holds during a long load while /ready answers 503."""
+
+    metrics: EngineMetrics
     served_model_name: str
     model_path: str
     admin_token: str | None
     salt_per_api_key: bool = False  # prefix-cache isolation per client API key (bearer token)
+    engine: AsyncEngine | None = None
+    tokenizer: Any = None  # the server's own tokenizer instance (the step thread has its own)
     ready: bool = False
     draining: bool = False
+    load_error: str | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return self.engine.num_in_flight if self.engine is not None else 0
+
+    def loaded(self) -> tuple[AsyncEngine, Any]:
+        """The engine and tokenizer, or a 503 while the model is still loading (or failed to)."""
+        if self.engine is None:
+            raise APIError(503, f"the model failed to load: {self.load_error}" if self.load_error
+                           else "the server is starting: the model is still loading", "service_unavailable",
+                           headers={"Retry-After": "1"})
+        return self.engine, self.tokenizer
 
 
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Governor engine", version="0.1.0")
     app.state.governor = state
-    metrics = state.engine.metrics
-    max_model_len = state.engine.engine.max_model_len
+    metrics = state.metrics
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -97,7 +114,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def ready() -> JSONResponse:
         if state.ready and not state.draining:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "draining" if state.draining else "starting"}, status_code=503)
+        status = "draining" if state.draining else "failed" if state.load_error else "starting"
+        return JSONResponse({"status": status}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -105,9 +123,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
+        engine, _ = state.loaded()
         return {"object": "list", "data": [{
             "id": state.served_model_name, "object": "model", "created": 0, "owned_by": "governor",
-            "root": state.model_path, "max_model_len": max_model_len}]}
+            "root": state.model_path, "max_model_len": engine.engine.max_model_len}]}
 
     # --- admin --------------------------------------------------------------------------------
 
@@ -121,7 +140,7 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(401, "missing or wrong bearer token for the admin API", "authentication_error")
 
     def _knobs_state() -> dict[str, Any]:
-        eng = state.engine.engine
+        eng = state.loaded()[0].engine
         bounds = {k: contract.KnobBound(min=lo, max=hi) for k, (lo, hi) in eng.knob_caps().items()}
         return contract.KnobsState(**eng.knobs.model_dump(), bounds=bounds).model_dump()
 
@@ -142,7 +161,7 @@ def create_app(state: ServerState) -> FastAPI:
             param = ".".join(str(p) for p in err["loc"]) or None
             raise APIError(422, f"{param + ': ' if param else ''}{err['msg']}", param=param) from e
         try:
-            await state.engine.update_knobs(update.changes())
+            await state.loaded()[0].update_knobs(update.changes())
         except ValueError as e:
             raise APIError(422, str(e), param=str(e).split("=")[0]) from e
         return _knobs_state()
@@ -150,10 +169,10 @@ def create_app(state: ServerState) -> FastAPI:
     # --- OpenAI API ---------------------------------------------------------------------------
 
     def _admit(model: str) -> None:
-        if state.draining or not state.ready:
-            raise APIError(503, "the server is draining and accepts no new requests" if state.draining
-                           else "the server is starting", "service_unavailable",
+        if state.draining:
+            raise APIError(503, "the server is draining and accepts no new requests", "service_unavailable",
                            headers={"Retry-After": "1"})
+        state.loaded()
         if model != state.served_model_name:
             raise APIError(404, f"model {model!r} does not exist; this server serves {state.served_model_name!r}",
                            "invalid_request_error", "model", "model_not_found")
@@ -180,7 +199,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def _events(rid: str, ids: list[int], params: SamplingParams, timeout: float | None,
                       salt: str | None) -> AsyncGenerator[TokenEvent | RequestOutput, None]:
         try:
-            gen = state.engine.generate(rid, ids, params, timeout, salt)
+            gen = state.loaded()[0].generate(rid, ids, params, timeout, salt)
             first = await gen.__anext__()
         except ValueError as e:
             raise APIError(400, str(e)) from e
@@ -253,6 +272,10 @@ def create_app(state: ServerState) -> FastAPI:
                                               "stop_reason": item.stop_reason}]}
                         offset += len(item.text_delta)
                         yield f"data: {json.dumps(chunk)}\n\n"
+                    elif not item.outputs:  # the engine failed: say so in-band, then end the stream
+                        err = {"error": {"message": "the engine failed while running this request",
+                                         "type": "server_error", "param": None, "code": None}}
+                        yield f"data: {json.dumps(err)}\n\n"
                     elif include_usage:
                         usage = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
                                  "choices": [], "usage": _usage(len(ids), item)}
@@ -275,6 +298,7 @@ def create_app(state: ServerState) -> FastAPI:
         ids = _encode(str(rendered), add_special_tokens=False, param="messages")
         top_n = (req.top_logprobs or 0) if req.logprobs else None
         params = _sampling(req, req.max_completion_tokens or req.max_tokens, top_n)
+        max_model_len = state.loaded()[0].engine.max_model_len
         if params.max_tokens is None and len(ids) >= max_model_len:
             raise APIError(400, f"the rendered chat prompt ({len(ids)} tokens) leaves no room to generate within "
                                 f"max_model_len={max_model_len}", param="messages")
@@ -327,6 +351,10 @@ def create_app(state: ServerState) -> FastAPI:
                             continue
                         delta = {"content": item.text_delta} if item.text_delta else {}
                         yield chunk(delta, item.finish_reason, logprobs_block([item]))
+                    elif not item.outputs:  # the engine failed: say so in-band, then end the stream
+                        err = {"error": {"message": "the engine failed while running this request",
+                                         "type": "server_error", "param": None, "code": None}}
+                        yield f"data: {json.dumps(err)}\n\n"
                     elif include_usage:
                         usage = {"id": rid, "object": "chat.completion.chunk", "created": created,
                                  "model": req.model, "choices": [], "usage": _usage(len(ids), item)}

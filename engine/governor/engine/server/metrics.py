@@ -13,7 +13,7 @@ class EngineMetrics:
     """Every series carries model_name and revision so the operator can scope queries by service and
     revision. Counters that mirror engine counters are advanced by delta after each step."""
 
-    def __init__(self, model_name: str, revision: str, info: dict[str, str]) -> None:
+    def __init__(self, model_name: str, revision: str) -> None:
         disable_created_metrics()  # *_created series only add cardinality for our scrapers
         self.registry = CollectorRegistry()
         self.labels = {"model_name": model_name, "revision": revision}
@@ -47,13 +47,18 @@ class EngineMetrics:
         self.spec_proposed = counter(c.SPEC_PROPOSED_TOKENS, "Speculative tokens proposed.")
         self.spec_accepted = counter(c.SPEC_ACCEPTED_TOKENS, "Speculative tokens accepted.")
         self.knob = gauge(c.KNOB, "Effective value of each live engine knob.", ("name",))
-        info_gauge = Gauge(c.ENGINE_INFO, "Engine identity (value is always 1).", [*names, *info], registry=r)
-        info_gauge.labels(**self.labels, **info).set(1)
+        self._info_labels = ("model_digest", "tokenizer_digest", "served_model_name", "kv_cache_dtype")
+        self.info = Gauge(c.ENGINE_INFO, "Engine identity (value is always 1; present once the model is loaded).",
+                          [*names, *self._info_labels], registry=r)
         for reason in _FINISH_REASONS:  # expose zeros so rate() works from the first scrape
             self.finished.labels(**self.labels, finish_reason=reason)
         for m in (self.prefix_queries, self.prefix_hits, self.spec_proposed, self.spec_accepted):
             m.labels(**self.labels)
         self._last: dict[str, int] = {}
+
+    def set_info(self, info: dict[str, str]) -> None:
+        """Publish the loaded engine's identity: model and tokenizer digests, served name, KV dtype."""
+        self.info.labels(**self.labels, **{k: info[k] for k in self._info_labels}).set(1)
 
     def observe_stats(self, stats: dict[str, int]) -> None:
         """Update gauges and advance mirrored counters from the engine's stats() after a step."""

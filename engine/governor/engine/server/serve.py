@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ class _DrainingServer(uvicorn.Server):
         if self.state.draining:
             super().handle_exit(sig, frame)
             return
-        log.info("signal %s: draining (%d in flight, grace %.0f s)", sig, self.state.engine.num_in_flight,
+        log.info("signal %s: draining (%d in flight, grace %.0f s)", sig, self.state.in_flight,
                  self.grace_s)
         self.state.draining = True
         self._drain_task = asyncio.get_event_loop().create_task(self._drain())
@@ -53,34 +54,47 @@ class _DrainingServer(uvicorn.Server):
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace_s
-        while self.state.engine.num_in_flight and loop.time() < deadline:
+        while self.state.in_flight and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self.state.engine.num_in_flight:
-            log.warning("grace period over with %d requests in flight", self.state.engine.num_in_flight)
+        if self.state.in_flight:
+            log.warning("grace period over with %d requests in flight", self.state.in_flight)
         self.should_exit = True
 
 
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, admin_token: str | None,
           max_queue: int, drain_grace_s: float, revision: str | None = None, salt_per_api_key: bool = False) -> int:
-    engine = LLMEngine(config)
+    """Open the port at once (so /health answers during a long load), load the model on a thread,
+    then mark ready. Returns the process exit code: 0 after a drain, 1 if the model failed to load."""
     name = served_model_name or Path(config.model).name
-    revision = revision or os.environ.get(contract.REVISION_ENV, "")
-    info = {"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
-            "served_model_name": name, "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch.")}
-    metrics = EngineMetrics(name, revision, info)
-    async_engine = AsyncEngine(engine, metrics, max_queue)
-    state = ServerState(async_engine, load_tokenizer(config.tokenizer or config.model), name, config.model,
-                        admin_token, salt_per_api_key)
+    metrics = EngineMetrics(name, revision or os.environ.get(contract.REVISION_ENV, ""))
+    state = ServerState(metrics, name, config.model, admin_token, salt_per_api_key)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
                                timeout_graceful_shutdown=5)
     server = _DrainingServer(uv_config, state, drain_grace_s)
-    async_engine.start()
-    state.ready = True
-    log.info("serving %s on http://%s:%d (admin API %s)", name, host, port,
-             "enabled" if admin_token else "disabled")
+
+    def load() -> None:
+        try:
+            engine = LLMEngine(config)
+            metrics.set_info({"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
+                              "served_model_name": name,
+                              "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch.")})
+            async_engine = AsyncEngine(engine, metrics, max_queue)
+            state.tokenizer = load_tokenizer(config.tokenizer or config.model)
+            async_engine.start()
+            state.engine = async_engine
+            state.ready = True
+            log.info("serving %s on http://%s:%d (admin API %s)", name, host, port,
+                     "enabled" if admin_token else "disabled")
+        except Exception as e:  # a load failure is reported on /ready, in the log, and by the exit code
+            log.exception("the model failed to load")
+            state.load_error = f"{type(e).__name__}: {e}"
+            server.should_exit = True
+
+    threading.Thread(target=load, name="governor-load", daemon=True).start()
     try:
         server.run()
     finally:
-        async_engine.shutdown()
-    return 0
+        if state.engine is not None:
+            state.engine.shutdown()
+    return 1 if state.load_error else 0
