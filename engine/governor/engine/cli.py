@@ -8,6 +8,8 @@ import logging
 import sys
 from typing import Any, get_args
 
+from pydantic import BaseModel
+
 from governor.engine.config import EngineConfig
 
 
@@ -22,7 +24,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                            help=field.description)
             continue
         types = set(get_args(field.annotation)) | {field.annotation}
-        kind: Any = float if float in types else int if int in types else str
+        structured = any(isinstance(t, type) and issubclass(t, BaseModel) for t in types)
+        kind: Any = json.loads if structured else float if float in types else int if int in types else str
         p.add_argument(flag, dest=name, type=kind, default=None, help=field.description)
 
 

@@ -24,6 +24,30 @@ class Knobs(BaseModel):
     num_speculative_tokens: int = Field(default=0, ge=0, description="Speculation depth K (0 disables).")
 
 
+class SpeculativeConfig(BaseModel):
+    """vLLM-shaped speculative decoding settings. num_speculative_tokens is the initial K and its hard cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["ngram", "draft_model"]
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Initial K, also the hard cap of the K knob.")
+    prompt_lookup_min: int = Field(default=1, ge=1, description="n-gram: shortest suffix to match.")
+    prompt_lookup_max: int = Field(default=4, ge=1, description="n-gram: longest suffix to match.")
+    model: str | None = Field(default=None, description="draft_model: checkpoint directory of the draft, sharing "
+                                                         "the target's tokenizer.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeConfig:
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative method 'draft_model' needs 'model': the draft checkpoint directory")
+        if self.method == "ngram" and self.model:
+            raise ValueError("speculative method 'ngram' takes no 'model'")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} exceeds "
+                             f"prompt_lookup_max={self.prompt_lookup_max}")
+        return self
+
+
 class EngineConfig(BaseModel):
     """Static engine configuration. Hard caps bound every later knob change."""
 
@@ -47,6 +71,8 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens_cap: int | None = Field(default=None, ge=1,
                                                    description="Hard cap (default: initial value).")
     seed: int = 0
+    speculative_config: SpeculativeConfig | None = Field(default=None, description="Speculative decoding "
+                                                         "(JSON on the command line).")
     enable_prefix_caching: bool = Field(default=False, description="Reuse cached KV of shared prompt prefixes "
                                                                      "(on by default in `governor serve`).")
     attention_backend: AttentionBackend = "auto"
@@ -69,8 +95,13 @@ class EngineConfig(BaseModel):
     def tokens_cap(self) -> int:
         return self.max_num_batched_tokens_cap or self.max_num_batched_tokens
 
+    @property
+    def spec_cap(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+
     def initial_knobs(self) -> Knobs:
-        return Knobs(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+        return Knobs(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                     num_speculative_tokens=self.spec_cap)
 
     def non_default_settings(self) -> dict[str, object]:
         """Every setting that differs from its default (for experiment envelopes)."""

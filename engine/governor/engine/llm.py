@@ -53,6 +53,6 @@ class LLM:
                 done[out.request_id] = out
         return [done[rid] for rid in ids]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Engine counters: kv_blocks_total/used, preemptions, prompt/generation tokens, ..."""
         return self.engine.stats()

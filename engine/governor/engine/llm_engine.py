@@ -21,10 +21,13 @@ from governor.engine.models.llama import CausalLM
 from governor.engine.models.model_config import load_model_config
 from governor.engine.outputs import CompletionOutput, RequestOutput, StepResult, TokenEvent
 from governor.engine.runner import ModelRunner
-from governor.engine.sampler import sample
+from governor.engine.sampler import sample, token_logprobs
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence
+from governor.engine.spec.draft_model import DraftModelProposer
+from governor.engine.spec.proposer import NgramProposer, Proposer
+from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
 from governor.engine.tokenizer import load_tokenizer
 
 log = logging.getLogger("governor.engine")
@@ -92,15 +95,32 @@ class LLMEngine:
 
         self.knobs: Knobs = config.initial_knobs()
         self.block_pool = BlockPool(self.num_blocks)
-        self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs, config.enable_prefix_caching,
+                                   self.max_model_len)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, config.tokens_cap,
-                                  config.seqs_cap, self.max_model_len, self.device)
+                                  config.seqs_cap, self.max_model_len, self.device, config.spec_cap)
+        self.proposer = self._make_proposer(backend)
+        self.spec_counters = {"spec_proposed_tokens": 0, "spec_accepted_tokens": 0, "spec_verification_steps": 0}
+        self.spec_accepted_by_position = [0] * config.spec_cap
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
         self.eos_token_ids = set(mc.eos_token_ids)
         self._requests: dict[str, _Request] = {}
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
+
+    def _make_proposer(self, backend: str) -> Proposer | None:
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            return NgramProposer(spec)
+        assert spec.model is not None
+        # The draft's pool has a block for every target block plus room for each sequence's lookahead.
+        extra = self.config.seqs_cap * (-(-spec.num_speculative_tokens // self.block_size) + 1)
+        return DraftModelProposer(spec.model, self.model_config, self.dtype, self.device, self.num_blocks + extra,
+                                  self.block_size, self.max_model_len, self.config.seqs_cap,
+                                  self.config.tokens_cap, backend)
 
     def _calibrate_fp8_scales(self, num_seqs: int = 4, seq_len: int = 256, margin: float = 2.0) -> None:
         """Static per-layer, per-kv-head fp8 scales from one prefill of seeded random tokens through a
@@ -141,6 +161,9 @@ class LLMEngine:
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
         per_block = bytes_per_block(self.model_config, self.block_size, self.kv_dtype)
+        spec = cfg.speculative_config
+        if spec is not None and spec.model:  # the draft model keeps a cache of as many blocks
+            per_block += bytes_per_block(load_model_config(spec.model), self.block_size, self.dtype)
         if cfg.kv_cache_memory_bytes is not None:
             budget = cfg.kv_cache_memory_bytes
         elif self.device.type == "cuda":
@@ -231,6 +254,8 @@ class LLMEngine:
         if req is None:
             return None
         self.scheduler.finish(req.seq, reason)
+        if self.proposer is not None:
+            self.proposer.release(req.seq)
         self.counters["requests_finished"] += 1
         return self._output(req)
 
@@ -253,7 +278,7 @@ class LLMEngine:
         return {
             "max_num_seqs": (1, self.config.seqs_cap),
             "max_num_batched_tokens": (1, self.config.tokens_cap),
-            "num_speculative_tokens": (0, 0),  # speculative decoding is not built yet
+            "num_speculative_tokens": (0, self.config.spec_cap),
         }
 
     # --- the step -----------------------------------------------------------------------------
@@ -269,32 +294,98 @@ class LLMEngine:
         for s in out.scheduled:
             if s.seq.first_scheduled_at is None:
                 s.seq.first_scheduled_at = now
+        draft_probs = self._propose(out.scheduled)
         logits = self.runner.execute(out)
-        sampling = [s.seq for s in out.scheduled if s.samples]
-        for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            self.scheduler.cache_computed_blocks(s.seq)
         self.counters["steps"] += 1
-        if not sampling:
-            return result
-        sampled = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], self.generator)
-        for seq, token, lp in zip(sampling, sampled.token_ids, sampled.logprobs, strict=True):
-            seq.output_token_ids.append(token)
-            if lp is not None:
-                seq.logprobs.append(lp)
-            self.counters["generation_tokens"] += 1
+        sampling = [s for s in out.scheduled if s.samples]
+        rows = torch.tensor([0] + [s.num_logits for s in sampling]).cumsum(0).tolist()
+        for s in out.scheduled:  # KV of known tokens is now written; drafts are settled after verification
+            s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
+        token_lists = self._sample(sampling, logits, rows, draft_probs)
+        for s, (tokens, lps) in zip(sampling, token_lists, strict=True):
+            seq = s.seq
+            if s.draft_tokens:
+                self._settle_drafts(s, num_accepted=len(tokens) - 1)
             req = self._requests[seq.request_id]
-            if req.detok is not None:
-                req.detok.add(token)
-            reason = self._check_stop(req, token)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                self.counters["requests_finished"] += 1
-                self._requests.pop(seq.request_id)
-                result.finished.append(self._output(req))
-            result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp, seq.finish_reason,
-                                            seq.stop_reason))
+            for token, lp in zip(tokens, lps, strict=True):
+                seq.output_token_ids.append(token)
+                if lp is not None:
+                    seq.logprobs.append(lp)
+                self.counters["generation_tokens"] += 1
+                if req.detok is not None:
+                    req.detok.add(token)
+                reason = self._check_stop(req, token)
+                if reason is not None:
+                    self._finish(req, reason, result)
+                result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp,
+                                                seq.finish_reason, seq.stop_reason))
+                if reason is not None:
+                    break
+        for s in out.scheduled:
+            if not s.seq.is_finished:
+                self.scheduler.trim_blocks(s.seq)  # slots reserved for drafts that were not proposed
+                self.scheduler.cache_computed_blocks(s.seq)
         return result
+
+    def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
+        self.scheduler.finish(req.seq, reason)
+        if self.proposer is not None:
+            self.proposer.release(req.seq)
+        self.counters["requests_finished"] += 1
+        self._requests.pop(req.seq.request_id)
+        result.finished.append(self._output(req))
+
+    def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
+        """Fill each speculative decode's draft slots; returns draft distributions by id(seq) (draft model,
+        sampled requests only)."""
+        spec = [s for s in scheduled if s.num_spec > 0]
+        probs: dict[int, torch.Tensor] = {}
+        if not spec or self.proposer is None:
+            for s in spec:
+                s.set_drafts([])
+            return probs
+        for s, (drafts, q) in zip(spec, self.proposer.propose(spec), strict=True):
+            s.set_drafts(drafts)
+            if q is not None:
+                probs[id(s.seq)] = q[:len(drafts)]
+        return probs
+
+    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor, rows: list[int],
+                draft_probs: dict[int, torch.Tensor]) -> list[tuple[list[int], list[dict[int, float] | None]]]:
+        """Tokens (and logprobs) per sampling sequence: one sampled token, or accepted drafts + one.
+        Sequence i's logits are rows[i]:rows[i + 1]."""
+        plain = [i for i, s in enumerate(sampling) if not s.draft_tokens]
+        out: list[tuple[list[int], list[dict[int, float] | None]]] = [([], []) for _ in sampling]
+        if plain:
+            seqs = [sampling[i].seq for i in plain]
+            sampled = sample(logits[[rows[i] for i in plain]], [q.params for q in seqs],
+                             [q.generator for q in seqs], self.generator)
+            for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
+                out[i] = ([tok], [lp])
+        for i, s in enumerate(sampling):
+            if not s.draft_tokens:
+                continue
+            seq, block = s.seq, logits[rows[i]:rows[i + 1]]
+            if seq.params.greedy:
+                tokens = accept_greedy(block.argmax(dim=1).tolist(), s.draft_tokens)
+            else:
+                p = target_distributions(block, [seq.params] * block.shape[0])
+                tokens = accept_sampled(p, s.draft_tokens, draft_probs.get(id(seq)), seq.generator)
+            lps = token_logprobs(block[:len(tokens)], tokens, [seq.params.logprobs] * len(tokens))
+            out[i] = (tokens, lps)
+        return out
+
+    def _settle_drafts(self, s: ScheduledSeq, num_accepted: int) -> None:
+        """Keep the KV of accepted drafts, release the slots of rejected ones, and count."""
+        k = len(s.draft_tokens)
+        s.seq.num_computed_tokens += num_accepted
+        if self.proposer is not None:
+            self.proposer.accepted(s.seq, k, num_accepted)
+        self.spec_counters["spec_proposed_tokens"] += k
+        self.spec_counters["spec_accepted_tokens"] += num_accepted
+        self.spec_counters["spec_verification_steps"] += 1
+        for j in range(num_accepted):
+            self.spec_accepted_by_position[j] += 1
 
     def _expire_deadlines(self, result: StepResult) -> None:
         now = time.monotonic()
@@ -379,8 +470,12 @@ class LLMEngine:
 
     # --- introspection ------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
+        steps = self.spec_counters["spec_verification_steps"]
         return {
+            **self.spec_counters,
+            "spec_acceptance_by_position": list(self.spec_accepted_by_position),
+            "spec_mean_accepted_length": self.spec_counters["spec_accepted_tokens"] / steps if steps else 0.0,
             "kv_blocks_total": self.num_blocks,
             "kv_blocks_used": self.block_pool.num_used,
             "kv_block_size": self.block_size,

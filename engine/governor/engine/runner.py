@@ -18,7 +18,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
-                 max_num_tokens: int, max_num_seqs: int, max_model_len: int, device: torch.device) -> None:
+                 max_num_tokens: int, max_num_seqs: int, max_model_len: int, device: torch.device,
+                 max_spec_tokens: int = 0) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -38,7 +39,8 @@ class ModelRunner:
         self.h_block_tables = host(max_num_seqs, self.max_blocks_per_seq, dtype=torch.int32)
         self.h_seq_lens = host(max_num_seqs, dtype=torch.int32)
         self.h_qsl = host(max_num_seqs + 1, dtype=torch.int32)
-        self.h_logits_idx = host(max_num_seqs, dtype=torch.int64)
+        self.max_logits = max_num_seqs * (1 + max_spec_tokens)
+        self.h_logits_idx = host(self.max_logits, dtype=torch.int64)
         self.input_ids = dev(max_num_tokens, dtype=torch.int64)
         self.positions = dev(max_num_tokens, dtype=torch.int64)
         self.slots = dev(max_num_tokens, dtype=torch.int64)
@@ -46,10 +48,10 @@ class ModelRunner:
         self.seq_lens = dev(max_num_seqs, dtype=torch.int32)
         self.qsl = dev(max_num_seqs + 1, dtype=torch.int32)
         self.prefill_qsl = dev(max_num_seqs + 1, dtype=torch.int32)
-        self.logits_idx = dev(max_num_seqs, dtype=torch.int64)
+        self.logits_idx = dev(self.max_logits, dtype=torch.int64)
 
     def prepare(self, out: SchedulerOutput) -> tuple[int, int, AttentionMetadata]:
-        """Fill the buffers for this step. Returns (num_tokens, num_sampling_seqs, metadata)."""
+        """Fill the buffers for this step. Returns (num_tokens, num_logit_rows, metadata)."""
         ids, pos, slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         bt, lens, qsl = self.h_block_tables.numpy(), self.h_seq_lens.numpy(), self.h_qsl.numpy()
         lidx = self.h_logits_idx.numpy()
@@ -64,7 +66,9 @@ class ModelRunner:
             start = seq.num_computed_tokens
             p = np.arange(start, start + n)
             table = np.asarray(seq.block_table, dtype=np.int64)
-            ids[t:t + n] = seq.token_ids(start, start + n)
+            known = n - len(s.draft_tokens)
+            ids[t:t + known] = seq.token_ids(start, start + known)
+            ids[t + known:t + n] = s.draft_tokens
             pos[t:t + n] = p
             slots[t:t + n] = table[p // bs] * bs + p % bs
             bt[i, :len(table)] = table
@@ -74,9 +78,9 @@ class ModelRunner:
             max_q = max(max_q, n)
             if n == 1 and num_decodes == i:
                 num_decodes += 1
-            if s.samples:
-                lidx[n_sample] = t - 1
-                n_sample += 1
+            m = s.num_logits
+            lidx[n_sample:n_sample + m] = np.arange(t - m, t)
+            n_sample += m
         b = len(out.scheduled)
         self._copy(self.input_ids, self.h_input_ids, t)
         self._copy(self.positions, self.h_positions, t)
@@ -104,8 +108,8 @@ class ModelRunner:
         dst[:n].copy_(src[:n], non_blocking=True)
 
     def execute(self, out: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
-        """Run one step. Returns fp32 logits for the sampling sequences ([n_sample, V]) in schedule order,
-        or for every scheduled token when `all_logits` (used to check prompt logits)."""
+        """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
+        plus one per draft token of a speculative decode; or every scheduled token when `all_logits`."""
         t, n_sample, meta = self.prepare(out)
         hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
         if all_logits:

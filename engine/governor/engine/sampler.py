@@ -64,19 +64,25 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         tokens = torch.where(is_greedy, greedy_tokens, sampled)
     token_list = tokens.tolist()  # the one host sync of a step
 
-    logprobs: list[dict[int, float] | None] = [None] * len(params)
-    wanted = [p.logprobs for p in params]
-    if any(n is not None for n in wanted):
-        lp = logits.log_softmax(dim=1)
-        n_max = max(n or 0 for n in wanted)
-        top_vals, top_ids = lp.topk(max(n_max, 1), dim=1)
-        chosen = lp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-        top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
-        for i, n in enumerate(wanted):
-            if n is None:
-                continue
-            row = {token_list[i]: chosen[i]}
-            for tid, val in zip(top_ids_l[i][:n], top_vals_l[i][:n], strict=True):
-                row.setdefault(tid, val)
-            logprobs[i] = row
-    return SampleResult(token_list, logprobs)
+    return SampleResult(token_list, token_logprobs(logits, token_list, [p.logprobs for p in params]))
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], wanted: list[int | None]
+                   ) -> list[dict[int, float] | None]:
+    """Per row, {token: logprob} of the chosen token and the top-n (n = wanted[row]; None = not asked)."""
+    out: list[dict[int, float] | None] = [None] * len(tokens)
+    if all(n is None for n in wanted):
+        return out
+    lp = logits.log_softmax(dim=1)
+    n_max = max(n or 0 for n in wanted)
+    top_vals, top_ids = lp.topk(max(n_max, 1), dim=1)
+    chosen = lp.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1)).squeeze(1).tolist()
+    top_vals_l, top_ids_l = top_vals.tolist(), top_ids.tolist()
+    for i, n in enumerate(wanted):
+        if n is None:
+            continue
+        row = {tokens[i]: chosen[i]}
+        for tid, val in zip(top_ids_l[i][:n], top_vals_l[i][:n], strict=True):
+            row.setdefault(tid, val)
+        out[i] = row
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from governor.engine.config import Knobs
 from governor.engine.kv.block_hash import chain_hashes
@@ -13,13 +13,32 @@ from governor.engine.sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledSeq:
+    """A sequence's share of a step. A decode may carry speculative draft tokens after its last token:
+    `num_spec` slots are reserved by the scheduler, `draft_tokens` filled by the proposer."""
+
     seq: Sequence
     num_new_tokens: int
+    num_spec: int = 0
+    draft_tokens: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the known tokens, so a new token is sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        known = self.num_new_tokens - len(self.draft_tokens)
+        return self.seq.num_computed_tokens + known == self.seq.num_tokens
+
+    def set_drafts(self, drafts: list[int]) -> None:
+        """Fill the reserved draft slots with the proposer's tokens (possibly fewer, possibly none)."""
+        if len(drafts) > self.num_spec:
+            raise ValueError(f"{len(drafts)} draft tokens for {self.num_spec} reserved slots")
+        self.num_new_tokens += len(drafts) - self.num_spec
+        self.num_spec = len(drafts)
+        self.draft_tokens = list(drafts)
+
+    @property
+    def num_logits(self) -> int:
+        """Positions whose logits this step needs: the last known token and every draft token."""
+        return 1 + len(self.draft_tokens) if self.samples else 0
 
 
 @dataclass
@@ -42,11 +61,12 @@ class Scheduler:
     """
 
     def __init__(self, block_pool: BlockPool, block_size: int, knobs: Knobs,
-                 enable_prefix_caching: bool = False) -> None:
+                 enable_prefix_caching: bool = False, max_model_len: int | None = None) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
         self.knobs = knobs
         self.enable_prefix_caching = enable_prefix_caching
+        self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order, oldest first
         self.num_preemptions = 0
@@ -69,6 +89,23 @@ class Scheduler:
         needed = -(-(seq.num_computed_tokens + n) // self.block_size) - len(seq.block_table)
         if needed > 0:
             seq.block_table.extend(self.block_pool.allocate(needed))
+
+    def _spec_slots(self, seq: Sequence) -> int:
+        """Draft slots for a decode: K, but never past max_tokens or max_model_len once all are accepted."""
+        k = self.knobs.num_speculative_tokens
+        if k == 0 or not seq.is_decoding:
+            return 0
+        k = min(k, seq.max_tokens - len(seq.output_token_ids) - 1)
+        if self.max_model_len is not None:
+            k = min(k, self.max_model_len - seq.num_tokens - 1)
+        return max(0, k)
+
+    def trim_blocks(self, seq: Sequence) -> None:
+        """Release blocks past the computed tokens (slots of rejected draft tokens)."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        if len(seq.block_table) > keep:
+            self.block_pool.free(seq.block_table[keep:][::-1])
+            del seq.block_table[keep:]
 
     def _aligned(self, seq: Sequence, n: int) -> int:
         """Shorten a prefill chunk that does not finish the known tokens so it ends on a block boundary:
@@ -139,7 +176,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(seq.num_uncomputed_tokens, budget)
+            spec = min(self._spec_slots(seq), max(0, budget - 1))
+            n = min(seq.num_uncomputed_tokens + spec, budget)
             fit = self._fits(seq, n)
             while fit < n:
                 victims = [s for s in self.running if id(s) not in taken and s is not seq]
@@ -150,9 +188,10 @@ class Scheduler:
             if fit == 0:
                 self._preempt(seq)
                 continue
-            fit = self._aligned(seq, fit)
+            spec = max(0, fit - seq.num_uncomputed_tokens)
+            fit = self._aligned(seq, fit - spec) + spec
             self._allocate(seq, fit)
-            scheduled.append(ScheduledSeq(seq, fit))
+            scheduled.append(ScheduledSeq(seq, fit, num_spec=spec))
             taken.add(id(seq))
             budget -= fit
 

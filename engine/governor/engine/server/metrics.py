@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from governor import contract as c
@@ -60,7 +62,7 @@ class EngineMetrics:
         """Publish the loaded engine's identity: model and tokenizer digests, served name, KV dtype."""
         self.info.labels(**self.labels, **{k: info[k] for k in self._info_labels}).set(1)
 
-    def observe_stats(self, stats: dict[str, int]) -> None:
+    def observe_stats(self, stats: dict[str, Any]) -> None:
         """Update gauges and advance mirrored counters from the engine's stats() after a step."""
         self.running.set(stats["requests_running"])
         self.waiting.set(stats["requests_waiting"])
@@ -69,7 +71,9 @@ class EngineMetrics:
         for key, metric in (("prompt_tokens", self.prompt_tokens), ("generation_tokens", self.generation_tokens),
                             ("preemptions", self.preemptions),
                             ("prefix_cache_queries", self.prefix_queries.labels(**self.labels)),
-                            ("prefix_cache_hit_tokens", self.prefix_hits.labels(**self.labels))):
+                            ("prefix_cache_hit_tokens", self.prefix_hits.labels(**self.labels)),
+                            ("spec_proposed_tokens", self.spec_proposed.labels(**self.labels)),
+                            ("spec_accepted_tokens", self.spec_accepted.labels(**self.labels))):
             delta = stats[key] - self._last.get(key, 0)
             if delta > 0:
                 metric.inc(delta)

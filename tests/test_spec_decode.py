@@ -1,0 +1,160 @@
+"""Speculative decoding through the engine: greedy output identical to plain decoding, sampled output
+distributed exactly as the target's, K live, blocks consistent (fp32 CPU)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.stats import chisquare
+
+from governor.engine import LLM, SamplingParams
+from tests.conftest import build_hf_checkpoint
+from tests.test_engine_parity import greedy, mixed_prompts
+
+
+@pytest.fixture(scope="module")
+def target(hf_checkpoint) -> Path:
+    return hf_checkpoint("qwen3")
+
+
+@pytest.fixture(scope="module")
+def other_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same architecture and tokenizer as the target, different weights: acceptance well below 1."""
+    return build_hf_checkpoint(tmp_path_factory.mktemp("draft"), "qwen3", seed=1)
+
+
+def repetitive_prompts(n: int, seed: int) -> list[list[int]]:
+    """Prompts that repeat a phrase, so n-gram lookup finds continuations."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(2, 2000) for _ in range(rng.randint(3, 6))]
+        out.append(phrase * rng.randint(3, 5) + [rng.randrange(2, 2000)])
+    return out
+
+
+def tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ngram_greedy_output_is_identical_to_plain_decoding(target: Path, k: int) -> None:
+    prompts = repetitive_prompts(6, seed=k) + mixed_prompts(2, seed=k)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(20)))
+    spec = LLM(str(target), dtype="float32",
+               speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3})
+    assert tokens(spec.generate(prompts, greedy(20))) == want
+    stats = spec.stats()
+    assert stats["spec_proposed_tokens"] > 0 and stats["spec_verification_steps"] > 0
+    assert 0 <= stats["spec_accepted_tokens"] <= stats["spec_proposed_tokens"]
+    assert stats["spec_acceptance_by_position"][0] >= stats["spec_acceptance_by_position"][-1]
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted(target: Path) -> None:
+    prompts = mixed_prompts(4, seed=3)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(16)))
+    spec = LLM(str(target), dtype="float32",
+               speculative_config={"method": "draft_model", "model": str(target), "num_speculative_tokens": 4})
+    assert tokens(spec.generate(prompts, greedy(16))) == want
+    s = spec.stats()
+    assert s["spec_proposed_tokens"] > 0 and s["spec_accepted_tokens"] == s["spec_proposed_tokens"]
+    assert s["spec_mean_accepted_length"] == pytest.approx(s["spec_proposed_tokens"] / s["spec_verification_steps"])
+
+
+def test_a_different_draft_keeps_greedy_output_identical(target: Path, other_draft: Path) -> None:
+    prompts = mixed_prompts(5, seed=4)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(16)))
+    spec = LLM(str(target), dtype="float32", max_num_batched_tokens=13,
+               speculative_config={"method": "draft_model", "model": str(other_draft), "num_speculative_tokens": 3})
+    assert tokens(spec.generate(prompts, greedy(16))) == want
+    s = spec.stats()
+    assert s["spec_accepted_tokens"] < s["spec_proposed_tokens"]
+    assert s["kv_blocks_used"] == 0
+    assert spec.engine.proposer.pool.num_used == 0  # type: ignore[union-attr]
+
+
+def test_k_is_a_live_knob_that_never_changes_greedy_output(target: Path) -> None:
+    prompts = repetitive_prompts(4, seed=9)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(24)))
+    llm = LLM(str(target), dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, greedy(24))
+    outs, steps = {}, 0
+    while eng.has_unfinished_requests():
+        steps += 1
+        if steps == 3:
+            eng.update_knobs(num_speculative_tokens=0)
+            proposed = eng.stats()["spec_proposed_tokens"]
+        if steps == 6:
+            assert eng.stats()["spec_proposed_tokens"] == proposed  # K=0: no speculation
+            eng.update_knobs(num_speculative_tokens=2)
+        for o in eng.step().finished:
+            outs[o.request_id] = o.outputs[0].token_ids
+    assert [outs[str(i)] for i in range(len(prompts))] == want
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=5 is outside \[0, 4\]"):
+        eng.update_knobs(num_speculative_tokens=5)
+
+
+def test_bad_speculative_configs_are_refused(target: Path) -> None:
+    with pytest.raises(ValueError, match="needs 'model'"):
+        LLM(str(target), speculative_config={"method": "draft_model", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        LLM(str(target), speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                             "prompt_lookup_min": 5, "prompt_lookup_max": 2})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(1, 4), budget=st.integers(2, 24), spare=st.integers(0, 6), seed=st.integers(0, 99),
+       prefix_caching=st.booleans())
+def test_speculation_keeps_block_invariants_under_preemption(target: Path, k, budget, spare, seed,
+                                                            prefix_caching) -> None:
+    prompts = repetitive_prompts(5, seed)
+    kwargs = dict(dtype="float32", block_size=4, max_model_len=64, num_kv_blocks=16 + spare, max_num_seqs=4,
+                  max_num_batched_tokens=budget, enable_prefix_caching=prefix_caching)
+    want = tokens(LLM(str(target), **kwargs).generate(prompts, greedy(10)))
+    llm = LLM(str(target), speculative_config={"method": "ngram", "num_speculative_tokens": k}, **kwargs)
+    eng = llm.engine
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, greedy(10))
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step().finished:
+            outs[o.request_id] = o.outputs[0].token_ids
+        eng.block_pool.check_invariants()
+        holders = Counter(b for s in eng.scheduler.running for b in s.block_table)
+        assert all(eng.block_pool.ref_counts[b] == c for b, c in holders.items())
+        assert len(holders) == eng.block_pool.num_used
+        for s in eng.scheduler.running:  # rejected drafts leave no blocks behind
+            assert len(s.block_table) == -(-s.num_computed_tokens // 4)
+    assert [outs[str(i)] for i in range(len(prompts))] == want
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_sampled_speculation_follows_the_target_distribution(tmp_path: Path) -> None:
+    """Tiny vocabulary (16), temperature 1, a draft with other weights: the first generated token (which
+    goes through rejection sampling) is distributed as the target's next-token distribution."""
+    tgt = build_hf_checkpoint(tmp_path / "t", "llama", seed=5, weight_scale=1.5, vocab_size=16)
+    dft = build_hf_checkpoint(tmp_path / "d", "llama", seed=6, weight_scale=1.5, vocab_size=16)
+    prompt = [3, 7, 1, 12, 5]
+    n = 3000
+    llm = LLM(str(tgt), dtype="float32", max_num_seqs=512, max_num_batched_tokens=4096,
+              speculative_config={"method": "draft_model", "model": str(dft), "num_speculative_tokens": 2})
+    outs = llm.generate([prompt] * n, [SamplingParams(temperature=1.0, seed=i, max_tokens=3, ignore_eos=True)
+                                       for i in range(n)])
+    s = llm.stats()
+    assert 0 < s["spec_accepted_tokens"] < s["spec_proposed_tokens"]  # rejection sampling was exercised
+    p = torch.softmax(llm.engine.prompt_logits(prompt)[-1], dim=0)
+    observed = Counter(o.outputs[0].token_ids[0] for o in outs)
+    f_obs = [observed.get(t, 0) for t in range(16)]
+    assert chisquare(f_obs, (p * n).tolist()).pvalue > 1e-3
+    # The same test rejects the draft's own distribution: it has the power to fail.
+    q = torch.softmax(LLM(str(dft), dtype="float32").engine.prompt_logits(prompt)[-1], dim=0)
+    assert chisquare(f_obs, (q * n).tolist()).pvalue < 1e-6
