@@ -94,3 +94,17 @@ def test_bench_kv_compares_fp8_with_model_dtype(tiny_model: Path, tmp_path: Path
     assert fp8["decode"][0]["decode_tokens"] == 2 * 3  # the first token of each comes from prefill
     assert fp8["decode"][0]["total_s"] > fp8["decode"][0]["prefill_s"] > 0
     assert r["accuracy"]["positions"] == 16 and 0.0 <= r["accuracy"]["top1_agreement"] <= 1.0
+
+
+def test_bench_spec_sweeps_k_per_batch_and_reports_acceptance(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "spec.json"
+    proc = run("bench", "spec", "--model", str(tiny_model), "--batches", "1,2", "--ks", "1,2", "--input-len", "8",
+               "--output-len", "6", "--perturb-sigma", "", "--ngram", "--dtype", "float32",
+               "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["result"]["rows"]
+    assert [(r["variant"], r["batch"], r["k"]) for r in rows] == [
+        (v, b, k) for v in ("draft=target", "ngram") for b in (1, 2) for k in (0, 1, 2)]
+    equal = [r for r in rows if r["variant"] == "draft=target" and r["k"] > 0]
+    assert all(r["alpha"] == 1.0 for r in equal)  # a draft identical to the target is always accepted
+    assert all(r["speedup"] == 1.0 for r in rows if r["k"] == 0)

@@ -100,6 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--accuracy-tokens", type=int, default=256)
     kv.add_argument("--output-json", default=None)
     _add_engine_args(kv)
+
+    sp = bsub.add_parser("spec", help="speculative decoding speedup over plain decoding by batch and K")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--perturb-sigma", default="0.3", help="comma-separated noise levels for perturbed drafts")
+    sp.add_argument("--no-equal-draft", action="store_true", help="skip the draft-equal-to-target variant")
+    sp.add_argument("--ngram", action="store_true", help="also sweep the n-gram proposer")
+    sp.add_argument("--batches", default="1,8,64")
+    sp.add_argument("--ks", default="1,2,3,4,5,6,7,8")
+    sp.add_argument("--input-len", type=int, default=32)
+    sp.add_argument("--output-len", type=int, default=128)
+    sp.add_argument("--work-dir", default="/tmp/governor-bench-spec", help="where perturbed drafts are written")
+    sp.add_argument("--output-json", default=None)
+    _add_engine_args(sp)
     return parser
 
 
@@ -153,6 +166,23 @@ def _run(args: argparse.Namespace) -> int:
               f"{r['output_tokens_per_s']:.1f} output tok/s ({r['total_tokens_per_s']:.1f} total tok/s)")
         if args.output_json:
             print(f"envelope written to {args.output_json}")
+        return 0
+    if args.command == "bench" and args.bench == "spec":
+        from governor.engine import bench_cache, bench_spec
+
+        variants: dict[str, dict[str, Any]] = {}
+        if not args.no_equal_draft:
+            variants["draft=target"] = {"method": "draft_model", "model": args.model}
+        for sigma in (float(x) for x in args.perturb_sigma.split(",") if x):
+            draft = bench_spec.perturbed_copy(args.model, f"{args.work_dir}/sigma-{sigma}", sigma)
+            variants[f"draft=target+noise({sigma})"] = {"method": "draft_model", "model": draft}
+        if args.ngram:
+            variants["ngram"] = {"method": "ngram"}
+        result = bench_spec.bench_spec(args.model, _engine_args(args), variants,
+                                       [int(b) for b in args.batches.split(",")], [int(k) for k in args.ks.split(",")],
+                                       args.input_len, args.output_len)
+        print(json.dumps(result["crossover"]))
+        bench_cache.write_envelope("bench-spec", args.model, result, args.output_json)
         return 0
     if args.command == "bench" and args.bench in ("prefix", "kv"):
         from governor.engine import bench_cache

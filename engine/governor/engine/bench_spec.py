@@ -1,0 +1,105 @@
+"""`governor bench spec`: speculative decoding speedup over plain decoding, by batch size and K.
+
+For each draft variant (the target itself as draft: acceptance ~1; a noise-perturbed copy: lower
+acceptance; n-gram lookup: free drafts), one engine is started and K is swept through the live knob.
+Each point reports decode tokens/s, the speedup over K=0 at the same batch, the measured acceptance
+rate alpha, and the tokens per verification step against (1 - alpha^(K+1)) / (1 - alpha).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from governor.engine.bench_cache import _random_ids, _sync
+from governor.engine.llm import LLM
+from governor.engine.models.checkpoint import weight_files
+from governor.engine.sampling_params import SamplingParams
+
+
+def perturbed_copy(src: str, dst: str, sigma: float, seed: int = 0) -> str:
+    """A copy of checkpoint `src` whose every tensor has Gaussian noise of sigma × its own std added: a
+    draft that agrees with the target less often the larger sigma is."""
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    for f in Path(src).iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, out / f.name)
+    for f in weight_files(src):
+        tensors = load_file(str(f))
+        noisy = {}
+        for name, t in tensors.items():
+            x = t.float()
+            noisy[name] = (x + torch.randn(x.shape, generator=gen) * sigma * x.std()).to(t.dtype)
+        save_file(noisy, str(out / f.name), metadata={"format": "pt"})
+    return str(out)
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens a verification step yields when each draft is accepted independently with probability alpha."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _generation_rate(llm: LLM, batch: int, input_len: int, output_len: int, seed: int) -> float:
+    """Output tokens/s of one greedy batch, prefill included (short prompts keep it a small share; a
+    prefill-only subtraction is too noisy at batch 1)."""
+    eng = llm.engine
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
+    rng = random.Random(seed)
+    prompts = [{"prompt_token_ids": _random_ids(rng, vocab, input_len)} for _ in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    _sync()
+    t0 = time.perf_counter()
+    llm.generate(prompts, params)
+    _sync()
+    return batch * output_len / (time.perf_counter() - t0)
+
+
+def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict[str, Any]], batches: list[int],
+               ks: list[int], input_len: int, output_len: int) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    k_cap = max(ks)
+    for name, spec in variants.items():
+        llm = LLM(model, **{**engine_args, "speculative_config": {**spec, "num_speculative_tokens": k_cap}})
+        eng = llm.engine
+        for k in sorted(set([0, *ks])):  # warm-up: kernels for every shape the sweep will use
+            eng.update_knobs(num_speculative_tokens=k)
+            _generation_rate(llm, 2, input_len, 4, seed=0)
+        for batch in batches:
+            base = None
+            for k in sorted(set([0, *ks])):
+                eng.update_knobs(num_speculative_tokens=k)
+                before = dict(eng.spec_counters)
+                rate = _generation_rate(llm, batch, input_len, output_len, seed=batch)
+                proposed = eng.spec_counters["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+                accepted = eng.spec_counters["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+                steps = eng.spec_counters["spec_verification_steps"] - before["spec_verification_steps"]
+                alpha = accepted / proposed if proposed else 0.0
+                if k == 0:
+                    base = rate
+                row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,
+                       "speedup": rate / base if base else None, "alpha": alpha,
+                       "tokens_per_step": 1 + accepted / steps if steps else 1.0,
+                       "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if k else 1.0}
+                rows.append(row)
+                print(json.dumps(row))
+        del llm, eng
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    # Where speculation stops paying: per variant, the largest batch at which some K beats K=0.
+    crossover: dict[str, Any] = {}
+    for name in variants:
+        paying = [b for b in batches if any(r["k"] > 0 and (r["speedup"] or 0.0) > 1.0
+                                            for r in rows if r["variant"] == name and r["batch"] == b)]
+        crossover[name] = {"batches_where_some_k_pays": paying}
+    return {"rows": rows, "crossover": crossover, "input_len": input_len, "output_len": output_len}
