@@ -32,7 +32,7 @@ if [[ " ${STAGE:-} " == *" spec "* ]]; then
   Q=/tmp/qwen3-0.6b
   [ -f $Q/config.json ] || python3 -m governor.engine make-model $Q --arch qwen3 --preset qwen3-0.6b \
     --dtype bfloat16 --device cuda 2>&1 | grep -v INFO
-  python3 -m governor.engine bench spec --model $Q --batches 1,8,64 --ks 1,2,3,4,6,8 --input-len 32 \
-    --output-len 64 --perturb-sigma 0.05,0.3 --ngram --output-json "$OUT/bench-spec.json" 2>&1 \
+  python3 -m governor.engine bench spec --model $Q --batches 1,8,64 --ks 1,2,4,8 --input-len 32 \
+    --output-len 64 --perturb-sigma 0.05 --ngram --output-json "$OUT/bench-spec.json" 2>&1 \
     | grep -v INFO | tail -5
 fi

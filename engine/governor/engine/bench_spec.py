@@ -80,15 +80,20 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
             for k in sorted(set([0, *ks])):
                 eng.update_knobs(num_speculative_tokens=k)
                 before = dict(eng.spec_counters)
+                first_before = eng.spec_accepted_by_position[0] if eng.spec_accepted_by_position else 0
                 rate = _generation_rate(llm, batch, input_len, output_len, seed=batch)
                 proposed = eng.spec_counters["spec_proposed_tokens"] - before["spec_proposed_tokens"]
                 accepted = eng.spec_counters["spec_accepted_tokens"] - before["spec_accepted_tokens"]
                 steps = eng.spec_counters["spec_verification_steps"] - before["spec_verification_steps"]
-                alpha = accepted / proposed if proposed else 0.0
+                first = (eng.spec_accepted_by_position[0] if eng.spec_accepted_by_position else 0) - first_before
+                # alpha: probability a draft is accepted, estimated at the first position (every
+                # verification step has one); accepted/proposed is lower since a rejection ends a step.
+                alpha = first / steps if steps else 0.0
                 if k == 0:
                     base = rate
                 row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,
                        "speedup": rate / base if base else None, "alpha": alpha,
+                       "accepted_per_proposed": accepted / proposed if proposed else 0.0,
                        "tokens_per_step": 1 + accepted / steps if steps else 1.0,
                        "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if k else 1.0}
                 rows.append(row)

@@ -301,6 +301,8 @@ class LLMEngine:
         rows = torch.tensor([0] + [s.num_logits for s in sampling]).cumsum(0).tolist()
         for s in out.scheduled:  # KV of known tokens is now written; drafts are settled after verification
             s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
+            if not s.draft_tokens:
+                self._settle_blocks(s.seq)
         token_lists = self._sample(sampling, logits, rows, draft_probs)
         for s, (tokens, lps) in zip(sampling, token_lists, strict=True):
             seq = s.seq
@@ -321,11 +323,13 @@ class LLMEngine:
                                                 seq.finish_reason, seq.stop_reason))
                 if reason is not None:
                     break
-        for s in out.scheduled:
-            if not s.seq.is_finished:
-                self.scheduler.trim_blocks(s.seq)  # slots reserved for drafts that were not proposed
-                self.scheduler.cache_computed_blocks(s.seq)
         return result
+
+    def _settle_blocks(self, seq: Sequence) -> None:
+        """Once a step's computed count is final (and before the sequence can finish and free them):
+        release slots reserved for drafts that were not used, and cache the newly full blocks."""
+        self.scheduler.trim_blocks(seq)
+        self.scheduler.cache_computed_blocks(seq)
 
     def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
         self.scheduler.finish(req.seq, reason)
@@ -379,6 +383,7 @@ class LLMEngine:
         """Keep the KV of accepted drafts, release the slots of rejected ones, and count."""
         k = len(s.draft_tokens)
         s.seq.num_computed_tokens += num_accepted
+        self._settle_blocks(s.seq)
         if self.proposer is not None:
             self.proposer.accepted(s.seq, k, num_accepted)
         self.spec_counters["spec_proposed_tokens"] += k
