@@ -215,9 +215,18 @@ def create_app(state: ServerState) -> FastAPI:
         n = len(out.outputs[0].token_ids) if out.outputs else 0
         return {"prompt_tokens": prompt_len, "completion_tokens": n, "total_tokens": prompt_len + n}
 
-    def _check_failed(out: RequestOutput) -> None:
-        if not out.outputs:
-            raise APIError(500, "the engine failed while running this request", "server_error")
+    async def _collect(events: AsyncGenerator[TokenEvent | RequestOutput, None]
+                       ) -> tuple[list[TokenEvent], RequestOutput]:
+        """All token events of a non-streamed request, and its final output (500 if the engine failed)."""
+        evs: list[TokenEvent] = []
+        async for item in events:
+            if isinstance(item, TokenEvent):
+                evs.append(item)
+            elif not item.outputs:
+                raise APIError(500, "the engine failed while running this request", "server_error")
+            else:
+                return evs, item
+        raise APIError(500, "the request ended without an output", "server_error")
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
@@ -243,18 +252,12 @@ def create_app(state: ServerState) -> FastAPI:
             return block
 
         if not req.stream:
-            evs: list[TokenEvent] = []
-            async for item in events:
-                if isinstance(item, TokenEvent):
-                    evs.append(item)
-                else:
-                    _check_failed(item)
-                    c = item.outputs[0]
-                    return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                            "choices": [{"index": 0, "text": c.text, "logprobs": logprobs_block(evs, 0),
-                                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}],
-                            "usage": _usage(len(ids), item)}
-            raise APIError(500, "the request ended without an output", "server_error")
+            evs, final = await _collect(events)
+            c = final.outputs[0]
+            return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
+                    "choices": [{"index": 0, "text": c.text, "logprobs": logprobs_block(evs, 0),
+                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}],
+                    "usage": _usage(len(ids), final)}
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -321,19 +324,13 @@ def create_app(state: ServerState) -> FastAPI:
             return {"content": content}
 
         if not req.stream:
-            evs: list[TokenEvent] = []
-            async for item in events:
-                if isinstance(item, TokenEvent):
-                    evs.append(item)
-                else:
-                    _check_failed(item)
-                    c = item.outputs[0]
-                    return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                                         "logprobs": logprobs_block(evs), "finish_reason": c.finish_reason,
-                                         "stop_reason": c.stop_reason}],
-                            "usage": _usage(len(ids), item)}
-            raise APIError(500, "the request ended without an output", "server_error")
+            evs, final = await _collect(events)
+            c = final.outputs[0]
+            return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                                 "logprobs": logprobs_block(evs), "finish_reason": c.finish_reason,
+                                 "stop_reason": c.stop_reason}],
+                    "usage": _usage(len(ids), final)}
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
