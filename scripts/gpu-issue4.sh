@@ -36,3 +36,12 @@ if [[ " ${STAGE:-} " == *" spec "* ]]; then
     --output-len 64 --perturb-sigma 0.05 --ngram --output-json "$OUT/bench-spec.json" 2>&1 \
     | grep -v INFO | tail -5
 fi
+# Hit-vs-cold divergence with prefill chunks aligned to blocks and not (issue 4): STAGE=align
+if [[ " ${STAGE:-} " == *" align "* ]]; then
+  make_8b
+  for a in align-prefill-chunks no-align-prefill-chunks; do
+    python3 -m governor.engine bench prefix --model $M --system-len 2000 --suffix-len 50 --concurrency 1 \
+      --divergence-prompts 16 --divergence-tokens 64 --max-num-batched-tokens 500 --$a \
+      --output-json "$OUT/bench-prefix-$a.json" 2>&1 | grep -v INFO
+  done
+fi

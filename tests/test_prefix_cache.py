@@ -142,3 +142,20 @@ def test_prefix_cache_under_preemption_keeps_outputs_and_invariants(model: Path,
             assert len(holders) == eng.block_pool.num_used
         assert [outs[f"{rnd}-{i}"].outputs[0].token_ids for i in range(n)] == want
         assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_prefill_chunks_end_on_block_boundaries_unless_alignment_is_off(model: Path) -> None:
+    prompt = list(range(10, 60))  # 50 tokens, blocks of 8, budget 20
+    for align, want in ((True, [16, 16, 18]), (False, [20, 20, 10])):  # the last chunk finishes the prompt
+        llm = LLM(str(model), dtype="float32", block_size=8, max_num_batched_tokens=20, align_prefill_chunks=align)
+        eng = llm.engine
+        eng.add_request("r", prompt, greedy(1))
+        chunks = []
+        while eng.has_unfinished_requests():
+            out = eng.scheduler.schedule()
+            chunks += [s.num_new_tokens for s in out.scheduled]
+            for s in out.scheduled:  # account the chunk as computed without running the model
+                s.seq.num_computed_tokens += s.num_new_tokens
+            if sum(chunks) >= len(prompt):
+                eng.abort("r")
+        assert chunks == want

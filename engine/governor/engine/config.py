@@ -73,6 +73,9 @@ class EngineConfig(BaseModel):
     seed: int = 0
     speculative_config: SpeculativeConfig | None = Field(default=None, description="Speculative decoding "
                                                          "(JSON on the command line).")
+    align_prefill_chunks: bool = Field(default=True, description="End a prefill chunk that does not finish its "
+                                       "prompt on a block boundary, so every chunk starts block-aligned as a "
+                                       "prefix-cache hit does.")
     enable_prefix_caching: bool = Field(default=False, description="Reuse cached KV of shared prompt prefixes "
                                                                      "(on by default in `governor serve`).")
     attention_backend: AttentionBackend = "auto"

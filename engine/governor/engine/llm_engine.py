@@ -96,7 +96,7 @@ class LLMEngine:
         self.knobs: Knobs = config.initial_knobs()
         self.block_pool = BlockPool(self.num_blocks)
         self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs, config.enable_prefix_caching,
-                                   self.max_model_len)
+                                   self.max_model_len, config.align_prefill_chunks)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, config.tokens_cap,
                                   config.seqs_cap, self.max_model_len, self.device, config.spec_cap)
         self.proposer = self._make_proposer(backend)

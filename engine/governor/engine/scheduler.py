@@ -61,12 +61,14 @@ class Scheduler:
     """
 
     def __init__(self, block_pool: BlockPool, block_size: int, knobs: Knobs,
-                 enable_prefix_caching: bool = False, max_model_len: int | None = None) -> None:
+                 enable_prefix_caching: bool = False, max_model_len: int | None = None,
+                 align_prefill_chunks: bool = True) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
         self.knobs = knobs
         self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
+        self.align_prefill_chunks = align_prefill_chunks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order, oldest first
         self.num_preemptions = 0
@@ -111,7 +113,7 @@ class Scheduler:
         """Shorten a prefill chunk that does not finish the known tokens so it ends on a block boundary:
         every chunk then starts block-aligned, as a prefix-cache hit does, so warm and cold runs compute
         each position with the same shapes."""
-        if n >= seq.num_uncomputed_tokens:
+        if n >= seq.num_uncomputed_tokens or not self.align_prefill_chunks:
             return n
         end = seq.num_computed_tokens + n
         aligned = end - end % self.block_size
