@@ -63,6 +63,8 @@ PREFIX_CACHE_QUERIES = "governor_prefix_cache_queries_total"
 PREFIX_CACHE_HIT_TOKENS = "governor_prefix_cache_hit_tokens_total"
 SPEC_PROPOSED_TOKENS = "governor_spec_proposed_tokens_total"
 SPEC_ACCEPTED_TOKENS = "governor_spec_accepted_tokens_total"
+SPEC_VERIFICATION_STEPS = "governor_spec_verification_steps_total"  # mean accepted length = accepted / steps
+SPEC_ACCEPTED_BY_POSITION = "governor_spec_accepted_by_position_total"  # label position (1 = first draft)
 KNOB = "governor_knob"  # label name: the effective value of each live knob
 ENGINE_INFO = "governor_engine_info"
 

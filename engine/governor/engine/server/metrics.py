@@ -48,13 +48,16 @@ class EngineMetrics:
         self.prefix_hits = counter(c.PREFIX_CACHE_HIT_TOKENS, "Prompt tokens found in the prefix cache.")
         self.spec_proposed = counter(c.SPEC_PROPOSED_TOKENS, "Speculative tokens proposed.")
         self.spec_accepted = counter(c.SPEC_ACCEPTED_TOKENS, "Speculative tokens accepted.")
+        self.spec_steps = counter(c.SPEC_VERIFICATION_STEPS, "Verification steps of speculative decodes.")
+        self.spec_by_position = counter(c.SPEC_ACCEPTED_BY_POSITION,
+                                        "Draft tokens accepted at each draft position (1 = first).", ("position",))
         self.knob = gauge(c.KNOB, "Effective value of each live engine knob.", ("name",))
         self._info_labels = ("model_digest", "tokenizer_digest", "served_model_name", "kv_cache_dtype")
         self.info = Gauge(c.ENGINE_INFO, "Engine identity (value is always 1; present once the model is loaded).",
                           [*names, *self._info_labels], registry=r)
         for reason in _FINISH_REASONS:  # expose zeros so rate() works from the first scrape
             self.finished.labels(**self.labels, finish_reason=reason)
-        for m in (self.prefix_queries, self.prefix_hits, self.spec_proposed, self.spec_accepted):
+        for m in (self.prefix_queries, self.prefix_hits, self.spec_proposed, self.spec_accepted, self.spec_steps):
             m.labels(**self.labels)
         self._last: dict[str, int] = {}
 
@@ -73,11 +76,17 @@ class EngineMetrics:
                             ("prefix_cache_queries", self.prefix_queries.labels(**self.labels)),
                             ("prefix_cache_hit_tokens", self.prefix_hits.labels(**self.labels)),
                             ("spec_proposed_tokens", self.spec_proposed.labels(**self.labels)),
-                            ("spec_accepted_tokens", self.spec_accepted.labels(**self.labels))):
-            delta = stats[key] - self._last.get(key, 0)
-            if delta > 0:
-                metric.inc(delta)
-            self._last[key] = stats[key]
+                            ("spec_accepted_tokens", self.spec_accepted.labels(**self.labels)),
+                            ("spec_verification_steps", self.spec_steps.labels(**self.labels))):
+            self._advance(key, metric, stats[key])
+        for pos, count in enumerate(stats.get("spec_acceptance_by_position", []), start=1):
+            self._advance(f"spec_pos_{pos}", self.spec_by_position.labels(**self.labels, position=str(pos)), count)
+
+    def _advance(self, key: str, metric: Any, value: int) -> None:
+        delta = value - self._last.get(key, 0)
+        if delta > 0:
+            metric.inc(delta)
+        self._last[key] = value
 
     def set_knobs(self, knobs: dict[str, int]) -> None:
         for name, value in knobs.items():
