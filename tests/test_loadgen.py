@@ -246,8 +246,9 @@ def test_completions_stream_counts_tokens_and_times_ttft_itl_e2e(fake_server: An
         assert r.status == 200 and r.output_tokens == 5 and len(r.itl) == 4
         assert r.ttft is not None and r.ttft >= 0.05
         assert r.e2e is not None and r.e2e >= 0.05 + 4 * 0.02
-    assert result.ttft_ms["p50"] is not None and 50 <= result.ttft_ms["p50"] < 150
-    assert result.itl_ms["mean"] is not None and 20 / 3 <= result.itl_ms["mean"] <= 60
+    # Lower bounds only: the fake server's sleeps guarantee them; upper bounds would time the machine.
+    assert result.ttft_ms["p50"] is not None and result.ttft_ms["p50"] >= 50
+    assert result.itl_ms["mean"] is not None and result.itl_ms["mean"] >= 20 / 3
     assert result.output_token_throughput == pytest.approx(30 / result.duration_s)
     body = server.bodies[0]
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
@@ -289,7 +290,7 @@ def test_connection_refused_and_timeouts_are_failures_not_crashes(fake_server: A
     server = fake_server(FakeBehaviour(first_delay=5.0))
     t = time.perf_counter()
     slow = run(config(server, num_prompts=3, timeout_s=0.3))
-    assert slow.failures == {"timeout": 3} and time.perf_counter() - t < 3.0
+    assert slow.failures == {"timeout": 3} and time.perf_counter() - t < 4.5  # cut well before the 5 s reply
 
 
 def test_max_concurrency_is_never_exceeded(fake_server: Any) -> None:
@@ -308,14 +309,15 @@ def test_poisson_rate_spreads_sends_over_the_schedule(fake_server: Any) -> None:
     expected = list(arrival_offsets(10, 40.0, seed=5))
     records = sorted(result.records, key=lambda r: r.index)
     assert [r.scheduled_s for r in records] == pytest.approx(expected)
-    assert all(r.start_s is not None and 0 <= r.start_s - r.scheduled_s < 0.2 for r in records)  # sent on time
+    assert all(r.start_s is not None and r.start_s >= r.scheduled_s for r in records)  # never early
 
 
 def test_goodput_counts_only_requests_meeting_every_slo(fake_server: Any) -> None:
-    # Every second request waits 0.3 s more for its first token: half meet a 150 ms TTFT objective.
-    server = fake_server(FakeBehaviour(first_delay=0.02, gap=0.005, slow_every=2, slow_extra=0.3,
+    # Every second request waits 0.6 s more for its first token: half meet a 300 ms TTFT objective
+    # (the fast ones take ~20 ms, so the margin holds on a loaded machine).
+    server = fake_server(FakeBehaviour(first_delay=0.02, gap=0.005, slow_every=2, slow_extra=0.6,
                                        statuses=(200, 200, 200, 200, 200, 200, 200, 429)))
-    result = run(config(server, num_prompts=8, output_len=(3, 3), slo=SLO(ttft_ms=150, itl_ms=100, e2e_ms=1000)))
+    result = run(config(server, num_prompts=8, output_len=(3, 3), slo=SLO(ttft_ms=300, itl_ms=250, e2e_ms=3000)))
     # Arrivals 0, 2, 4, 6 are slow; arrival 7 is a 429; so 1, 3, 5 are the good ones.
     assert (result.completed, result.failed, result.good_requests) == (7, 1, 3)
     assert result.goodput == pytest.approx(3 / result.duration_s)
@@ -328,7 +330,7 @@ def test_duration_stops_sending_and_bounds_the_run(fake_server: Any) -> None:
     server = fake_server(FakeBehaviour(first_delay=0.01, gap=0.0))
     t = time.perf_counter()
     result = run(config(server, num_prompts=10_000, request_rate=40.0, duration_s=0.5, output_len=(1, 1)))
-    assert time.perf_counter() - t < 2.0
+    assert time.perf_counter() - t < 5.0  # bounded by the 0.5 s duration, not by the 10 000 prompts
     sent = len(server.bodies)
     assert 5 <= sent <= 60 and result.completed == sent  # ~20 expected; never the 10 000 asked for
     assert all(r.scheduled_s < 0.5 for r in result.records)
