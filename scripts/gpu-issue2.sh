@@ -3,13 +3,7 @@
 #   run(command="bash scripts/gpu-issue2.sh", carry=[".whl"])
 # .whl holds pydantic wheels for the GPU machine's Python (it lacks pydantic); everything else is there.
 set -uo pipefail
-OUT=${OUT:-out/gpu}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+. scripts/gpu-env.sh
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -m gpu -s tests/ -p no:cacheprovider --ignore=tests/test_server.py --ignore=tests/test_server_schema.py 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"

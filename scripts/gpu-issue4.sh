@@ -2,13 +2,7 @@
 # GPU run for the server/prefix/fp8 issues, through the device tool:
 #   run(command="STAGE=tests bash scripts/gpu-issue4.sh", carry=[".whl"]) then STAGE=prefix, STAGE=kv
 set -uo pipefail
-OUT=${OUT:-out/gpu}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+. scripts/gpu-env.sh
 M=/tmp/llama3-8b
 make_8b() { [ -f $M/config.json ] || python3 -m governor.engine make-model $M --arch llama --preset llama3-8b \
   --dtype bfloat16 --device cuda 2>&1 | grep -v INFO; }
