@@ -1,0 +1,320 @@
+"""The SLO controller's decision core: classify a window, pick one bounded knob step, verify the outcome.
+
+Functions of data only; the tuner loop around it observes, actuates and records.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any
+
+from scipy.stats import mannwhitneyu
+
+from governor.tuner.signals import SLO, Signals, is_stale
+
+MAX_NUM_SEQS = "max_num_seqs"
+MAX_NUM_BATCHED_TOKENS = "max_num_batched_tokens"
+NUM_SPECULATIVE_TOKENS = "num_speculative_tokens"
+
+Bounds = dict[str, tuple[int, int]]
+"""Per-knob hard limits, (min, max) inclusive; the controller never steps outside them."""
+
+# Thresholds of the classification rules (see `classify`).
+KV_QUEUEING_CEILING = 0.9  # above this KV fill, more sequences would only preempt
+PREFILL_TOKENS_FLOOR = 512  # below this step budget, chunked prefill no longer hurts ITL much
+DECODE_BATCH_FRACTION = 0.8  # running ≥ this share of max_num_seqs counts as a full batch
+SPEC_MIN_ACCEPTANCE = 0.5
+SPEC_BUSY_RUNNING = 32  # a batch this large is compute-bound: drafts cost more than they save
+SPEC_HEADROOM_ACCEPTANCE = 0.8
+SPEC_HEADROOM_RUNNING = 4
+
+# Multiplicative step per knob; 1.0 means the knob moves by ±1 (speculation depth K).
+STEP_FACTORS: dict[str, float] = {MAX_NUM_SEQS: 1.5, MAX_NUM_BATCHED_TOKENS: 1.5, NUM_SPECULATIVE_TOKENS: 1.0}
+
+
+class Bottleneck(str, Enum):
+    """What limits the service in a window; the value doubles as the decision record's `reason`."""
+
+    QUEUEING = "Queueing"
+    PREFILL_INTERFERENCE = "PrefillInterference"
+    DECODE_PRESSURE = "DecodePressure"
+    KV_PRESSURE = "KVPressure"
+    SPEC_NOT_PAYING = "SpecNotPaying"
+    SPEC_HEADROOM = "SpecHeadroom"
+    HEADROOM = "Headroom"
+    NONE = "None"
+
+
+# The remedy for each bottleneck: which knob, and which way (+1 up, -1 down).
+ACTIONS: dict[Bottleneck, tuple[str, int]] = {
+    Bottleneck.KV_PRESSURE: (MAX_NUM_SEQS, -1),
+    Bottleneck.QUEUEING: (MAX_NUM_SEQS, +1),
+    Bottleneck.PREFILL_INTERFERENCE: (MAX_NUM_BATCHED_TOKENS, -1),
+    Bottleneck.DECODE_PRESSURE: (MAX_NUM_SEQS, -1),
+    Bottleneck.SPEC_NOT_PAYING: (NUM_SPECULATIVE_TOKENS, -1),
+    Bottleneck.SPEC_HEADROOM: (NUM_SPECULATIVE_TOKENS, +1),
+    Bottleneck.HEADROOM: (MAX_NUM_SEQS, +1),
+}
+
+
+class Hold(str, Enum):
+    """Why `Controller.decide` returned no decision; `SIGNALS_STALE` is the `Tuning=False` condition reason."""
+
+    SIGNALS_STALE = "SignalsStale"
+    NO_BOTTLENECK = "NoBottleneck"
+    SETTLING = "Settling"  # bottleneck seen, but not yet for `consecutive` windows
+    COOLDOWN = "Cooldown"
+    HOURLY_CAP = "HourlyCap"
+    AT_BOUND = "AtBound"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One observed value measured against the threshold it crossed (or stayed within)."""
+
+    metric: str
+    value: float
+    threshold: float
+    window: str
+
+    def to_record(self) -> dict[str, Any]:
+        """The evidence entry of a decision record."""
+        return {"metric": self.metric, "value": self.value, "threshold": self.threshold, "window": self.window}
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The bottleneck of one window, the first SLO above its band (if any), and the evidence for both."""
+
+    bottleneck: Bottleneck
+    slo_at_risk: str | None
+    evidence: list[Evidence]
+
+
+def classify(signals: Signals, slo: SLO, hysteresis: float, *, bounds: Bounds | None = None,
+             window: str = "1m") -> Classification:
+    """Name the bottleneck of one window.
+
+    With h = `hysteresis`, a metric is *above* its target when value > target·(1+h) and *met with
+    margin* when value < target·(1−h); between the two is the release band, where nothing acts.
+
+    Rules (knob remedy in brackets):
+
+    - KV pressure: preemption_rate > 0 [lower max_num_seqs].
+    - Queueing: TTFT above target, queue_len > 0 and kv_usage < 0.9 [raise max_num_seqs].
+    - Prefill interference: ITL above target and max_num_batched_tokens > 512 [lower max_num_batched_tokens].
+    - Decode pressure: ITL above target and running ≥ 0.8·max_num_seqs [lower max_num_seqs].
+    - Spec not paying: num_speculative_tokens > 0 and (acceptance < 0.5 or running ≥ 32) [lower K].
+    - Spec headroom: ITL above target, running ≤ 4, acceptance ≥ 0.8, and K below its cap in `bounds`
+      (when given) [raise K].
+    - Headroom: every SLO (TTFT, ITL, and E2E / error rate when set) met with margin [raise max_num_seqs].
+
+    When several apply, the first in this order wins: KV pressure, queueing, prefill interference,
+    decode pressure, spec not paying, spec headroom, headroom. A rule whose input is missing (None)
+    does not apply. `slo_at_risk` names the first SLO above its band, in the order TTFT, ITL, E2E, errors.
+    """
+    s = signals
+    up = 1.0 + hysteresis
+    down = 1.0 - hysteresis
+
+    def ev(metric: str, value: float, threshold: float) -> Evidence:
+        return Evidence(metric, value, threshold, window)
+
+    targets = [("ttft_p95_s", s.ttft_p95_s, slo.ttft_p95_s), ("itl_p95_s", s.itl_p95_s, slo.itl_p95_s),
+               ("e2e_p95_s", s.e2e_p95_s, slo.e2e_p95_s), ("error_rate", s.error_rate, slo.error_rate)]
+    at_risk = [ev(name, value, target * up) for name, value, target in targets
+               if value is not None and target is not None and value > target * up]
+    slo_at_risk = at_risk[0].metric if at_risk else None
+    ttft_high = next((e for e in at_risk if e.metric == "ttft_p95_s"), None)
+    itl_high = next((e for e in at_risk if e.metric == "itl_p95_s"), None)
+    mns = s.knobs.get(MAX_NUM_SEQS)
+    mnbt = s.knobs.get(MAX_NUM_BATCHED_TOKENS)
+    k = s.knobs.get(NUM_SPECULATIVE_TOKENS)
+
+    def found(bottleneck: Bottleneck, *evidence: Evidence) -> Classification:
+        return Classification(bottleneck, slo_at_risk, list(evidence))
+
+    if s.preemption_rate is not None and s.preemption_rate > 0:
+        return found(Bottleneck.KV_PRESSURE, ev("preemption_rate", s.preemption_rate, 0.0))
+
+    if (ttft_high and s.queue_len is not None and s.queue_len > 0
+            and s.kv_usage is not None and s.kv_usage < KV_QUEUEING_CEILING):
+        return found(Bottleneck.QUEUEING, ttft_high, ev("queue_len", s.queue_len, 0.0),
+                     ev("kv_usage", s.kv_usage, KV_QUEUEING_CEILING))
+
+    if itl_high and mnbt is not None and mnbt > PREFILL_TOKENS_FLOOR:
+        return found(Bottleneck.PREFILL_INTERFERENCE, itl_high,
+                     ev(MAX_NUM_BATCHED_TOKENS, mnbt, PREFILL_TOKENS_FLOOR))
+
+    if itl_high and mns is not None and s.running is not None and s.running >= DECODE_BATCH_FRACTION * mns:
+        return found(Bottleneck.DECODE_PRESSURE, itl_high, ev("running", s.running, DECODE_BATCH_FRACTION * mns))
+
+    if k is not None and k > 0:
+        if s.spec_acceptance is not None and s.spec_acceptance < SPEC_MIN_ACCEPTANCE:
+            return found(Bottleneck.SPEC_NOT_PAYING, ev("spec_acceptance", s.spec_acceptance, SPEC_MIN_ACCEPTANCE))
+        if s.running is not None and s.running >= SPEC_BUSY_RUNNING:
+            return found(Bottleneck.SPEC_NOT_PAYING, ev("running", s.running, SPEC_BUSY_RUNNING))
+
+    k_cap = bounds[NUM_SPECULATIVE_TOKENS][1] if bounds and NUM_SPECULATIVE_TOKENS in bounds else None
+    if (itl_high and s.running is not None and s.running <= SPEC_HEADROOM_RUNNING
+            and s.spec_acceptance is not None and s.spec_acceptance >= SPEC_HEADROOM_ACCEPTANCE
+            and k is not None and (k_cap is None or k < k_cap)):
+        return found(Bottleneck.SPEC_HEADROOM, itl_high, ev("running", s.running, SPEC_HEADROOM_RUNNING),
+                     ev("spec_acceptance", s.spec_acceptance, SPEC_HEADROOM_ACCEPTANCE))
+
+    # Headroom needs every set SLO observed and met with margin: a missing signal is not a met one.
+    margins = [(name, value, target) for name, value, target in targets if target is not None]
+    if all(value is not None and value < target * down for _, value, target in margins):
+        return found(Bottleneck.HEADROOM,
+                     *(ev(name, value, target * down) for name, value, target in margins if value is not None))
+
+    return found(Bottleneck.NONE, *at_risk)
+
+
+def step_knob(current: int, direction: int, factor: float, bounds: tuple[int, int]) -> int:
+    """One bounded step of a knob: ×`factor` up or ÷`factor` down, moving at least 1, clamped to `bounds`.
+
+    `factor` 1.0 gives an additive ±1 step (used for speculation depth K). The result is always within
+    (min, max), even when `current` was not.
+    """
+    lo, hi = bounds
+    if lo > hi:
+        raise ValueError(f"knob bounds ({lo}, {hi}) are inverted: min must be ≤ max")
+    if direction not in (1, -1):
+        raise ValueError(f"step direction must be +1 or -1, got {direction}")
+    if factor < 1.0:
+        raise ValueError(f"step factor must be ≥ 1.0 (1.0 = ±1 steps), got {factor}")
+    if direction > 0:
+        stepped = max(current + 1, math.floor(current * factor))
+    else:
+        stepped = min(current - 1, math.ceil(current / factor))
+    return min(hi, max(lo, stepped))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One knob step the controller chose, with the bottleneck and evidence that justified it."""
+
+    time: float
+    knob: str
+    from_value: int
+    to_value: int
+    reason: Bottleneck
+    evidence: list[Evidence]
+
+    def to_record(self, service: str, revision: str) -> dict[str, Any]:
+        """The JSON decision record (status history, Events, logs); `outcome` stays pending until verified."""
+        return {
+            "time": datetime.fromtimestamp(self.time, tz=timezone.utc).isoformat().replace("+00:00", "Z"),
+            "service": service,
+            "revision": revision,
+            "knob": self.knob,
+            "from": self.from_value,
+            "to": self.to_value,
+            "reason": self.reason.value,
+            "evidence": [e.to_record() for e in self.evidence],
+            "outcome": "pending",
+        }
+
+
+@dataclass
+class Controller:
+    """Hysteresis, cooldown and rate limit around `classify`: at most one knob step per call to `decide`.
+
+    Invariants: `streak` counts the consecutive fresh windows classified as `streak_bottleneck` (0 when
+    that is NONE); it restarts after every action and on stale signals. `action_times` holds only the
+    actions of the last hour. `hold` says why the last `decide` returned None (None after an action).
+    """
+
+    slo: SLO
+    bounds: Bounds
+    hysteresis: float = 0.1
+    consecutive: int = 3
+    cooldown_s: float = 300.0
+    max_actions_per_hour: int = 4
+    scrape_interval_s: float = 15.0
+    window: str = "1m"
+    step_factors: dict[str, float] = field(default_factory=lambda: dict(STEP_FACTORS))
+
+    streak_bottleneck: Bottleneck = Bottleneck.NONE
+    streak: int = 0
+    last_action_at: float | None = None
+    action_times: list[float] = field(default_factory=list)
+    hold: Hold | None = None
+
+    def decide(self, signals: Signals, now: float) -> Decision | None:
+        """Observe one window; return the knob step to take now, or None (with the reason in `hold`)."""
+        if is_stale(signals, self.scrape_interval_s):
+            self._reset_streak()
+            self.hold = Hold.SIGNALS_STALE
+            return None
+
+        found = classify(signals, self.slo, self.hysteresis, bounds=self.bounds, window=self.window)
+        if found.bottleneck is Bottleneck.NONE:
+            self._reset_streak()
+            self.hold = Hold.NO_BOTTLENECK
+            return None
+        if found.bottleneck is self.streak_bottleneck:
+            self.streak += 1
+        else:
+            self.streak_bottleneck, self.streak = found.bottleneck, 1
+        if self.streak < self.consecutive:
+            self.hold = Hold.SETTLING
+            return None
+
+        if self.last_action_at is not None and now - self.last_action_at < self.cooldown_s:
+            self.hold = Hold.COOLDOWN
+            return None
+        self.action_times = [t for t in self.action_times if now - t < 3600.0]
+        if len(self.action_times) >= self.max_actions_per_hour:
+            self.hold = Hold.HOURLY_CAP
+            return None
+
+        knob, direction = ACTIONS[found.bottleneck]
+        current = signals.knobs[knob]
+        target = step_knob(current, direction, self.step_factors[knob], self.bounds[knob])
+        if target == current:
+            self.hold = Hold.AT_BOUND
+            return None
+
+        self.last_action_at = now
+        self.action_times.append(now)
+        self._reset_streak()
+        self.hold = None
+        return Decision(now, knob, current, target, found.bottleneck, found.evidence)
+
+    def _reset_streak(self) -> None:
+        self.streak_bottleneck, self.streak = Bottleneck.NONE, 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of comparing a guarded metric before and after a change; `effect` > 0 means worse."""
+
+    regressed: bool
+    p_value: float
+    effect: float
+
+
+def verify(before: list[float], after: list[float], higher_is_worse: bool, alpha: float = 0.05,
+           min_effect: float = 0.1) -> Verdict:
+    """Did a guarded metric get worse after a change?
+
+    One-sided Mann–Whitney U test (after worse than before) plus a relative effect on medians,
+    effect = (median(after) − median(before)) / |median(before)|, sign flipped when lower is worse.
+    Regressed only when p < `alpha` and effect > `min_effect`: significant but tiny shifts are kept.
+    """
+    if not before or not after:
+        raise ValueError(f"verify needs samples on both sides, got {len(before)} before and {len(after)} after; "
+                         "wait for the settle window to fill")
+    alternative = "greater" if higher_is_worse else "less"
+    p_value = float(mannwhitneyu(after, before, alternative=alternative).pvalue)
+    m_before, m_after = statistics.median(before), statistics.median(after)
+    worse_by = (m_after - m_before) if higher_is_worse else (m_before - m_after)
+    # A zero baseline has no relative scale: any worsening from it counts as unbounded.
+    effect = math.copysign(math.inf, worse_by) if worse_by and not m_before else worse_by / (abs(m_before) or 1.0)
+    return Verdict(regressed=p_value < alpha and effect > min_effect, p_value=p_value, effect=effect)
