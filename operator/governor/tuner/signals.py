@@ -18,8 +18,10 @@ STALE_AFTER_INTERVALS = 2.0
 class Signals:
     """What the tuner saw over one window, scoped to one service and revision.
 
-    Latencies are p95 in seconds; `kv_usage` is the used fraction of KV blocks (0..1); rates are per
-    second. `knobs` holds the effective value of each live knob (the `governor_knob` gauge). `time` is
+    Latencies are p95 in seconds; `kv_usage` is the used fraction of KV blocks (0..1);
+    `preemption_rate` and `throughput_tok_s` are per second; `error_rate` is the fraction of requests that
+    ended in an error (errors / (finished + errors)), like the rollout triggers' error_rate.
+    `knobs` holds the effective value of each live knob (the `governor_knob` gauge). `time` is
     when the window ended (epoch seconds) and `age_s` how old its newest sample was when read.
     """
 
@@ -41,7 +43,8 @@ class Signals:
 
 @dataclass(frozen=True)
 class SLO:
-    """Targets for one service: p95 latencies in seconds and, optionally, an error-rate ceiling (per second)."""
+    """Targets for one service: p95 latencies in seconds and, optionally, a ceiling on the fraction of
+    requests that end in an error."""
 
     ttft_p95_s: float
     itl_p95_s: float
