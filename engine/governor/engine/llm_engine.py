@@ -144,7 +144,7 @@ class LLMEngine:
         attns = [layer.self_attn for layer in self.model.decoder_layers]
         for a in attns:
             a.observe, a.k_amax, a.v_amax = True, None, None
-        runner.execute(SchedulerOutput(scheduled, 0))
+        runner.execute(SchedulerOutput(scheduled))
         for a in attns:
             assert a.k_amax is not None and a.v_amax is not None
             a.k_scale = (a.k_amax * margin / 448.0).clamp(min=1e-8)
@@ -467,7 +467,7 @@ class LLMEngine:
             while seq.num_computed_tokens < len(token_ids):
                 n = min(chunk, len(token_ids) - seq.num_computed_tokens)
                 self.scheduler._allocate(seq, n)
-                rows.append(self.runner.execute(SchedulerOutput([ScheduledSeq(seq, n)], 0), all_logits=True))
+                rows.append(self.runner.execute(SchedulerOutput([ScheduledSeq(seq, n)]), all_logits=True))
                 seq.num_computed_tokens += n
         finally:
             self.block_pool.free(seq.block_table[::-1])

@@ -43,12 +43,7 @@ class ScheduledSeq:
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledSeq]
-    num_preempted: int
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+    scheduled: list[ScheduledSeq]  # decodes first, then prefill chunks
 
 
 class Scheduler:
@@ -170,7 +165,6 @@ class Scheduler:
         budget = self.knobs.max_num_batched_tokens
         scheduled: list[ScheduledSeq] = []
         taken: set[int] = set()
-        preempted_before = self.num_preemptions
 
         order = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
         for seq in order:
@@ -222,7 +216,7 @@ class Scheduler:
             taken.add(id(seq))
             budget -= fit
 
-        return SchedulerOutput(scheduled, self.num_preemptions - preempted_before)
+        return SchedulerOutput(scheduled)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark seq finished (running or still waiting) and return its blocks to the pool."""

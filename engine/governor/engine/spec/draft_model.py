@@ -93,7 +93,7 @@ class DraftModelProposer:
         for j in range(rounds):
             if not batch:
                 break
-            logits = self.runner.execute(SchedulerOutput(batch, 0))  # rows: the proposing entries, in order
+            logits = self.runner.execute(SchedulerOutput(batch))  # rows: the proposing entries, in order
             for item in batch:
                 item.seq.num_computed_tokens += item.num_new_tokens
             for view in (b.seq for b in batch if b.seq.num_computed_tokens < b.seq.num_tokens):
