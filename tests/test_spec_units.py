@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from governor.engine.sampler import _filtered_logits
+from governor.engine.sampler import filtered_logits
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.spec.ngram import propose_ngram
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
@@ -118,7 +118,7 @@ def test_target_distributions_are_the_samplers_filtered_softmax_and_greedy_is_a_
     assert probs.dtype == torch.float32
     torch.testing.assert_close(probs.sum(dim=1), torch.ones(4))
     for i in (0, 1, 3):
-        torch.testing.assert_close(probs[i], _filtered_logits(logits[i:i + 1], params[i:i + 1]).softmax(dim=1)[0])
+        torch.testing.assert_close(probs[i], filtered_logits(logits[i:i + 1], params[i:i + 1]).softmax(dim=1)[0])
     assert int((probs[0] > 0).sum()) == 3
     assert probs[2].tolist() == torch.nn.functional.one_hot(logits[2].argmax(), 10).float().tolist()
 

@@ -16,25 +16,21 @@ from typing import Any
 
 import torch
 
-from governor.engine.bench_throughput import hardware
+from governor.engine.bench_throughput import hardware, sync_device
 from governor.engine.llm import LLM
 from governor.engine.llm_engine import LLMEngine
 from governor.engine.sampling_params import SamplingParams
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _random_ids(rng: random.Random, vocab: int, n: int) -> list[int]:
+def random_ids(rng: random.Random, vocab: int, n: int) -> list[int]:
+    """n token ids drawn uniformly from [0, vocab) (benchmark prompts)."""
     return [rng.randrange(vocab) for _ in range(n)]
 
 
 def _ttfts(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[list[float], dict[str, list[int]]]:
     """Admit all prompts at once; seconds from admission to each request's first token, and outputs."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    _sync()
+    sync_device()
     t0 = time.perf_counter()
     ids = [f"r{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
     for rid, p in zip(ids, prompts, strict=True):
@@ -66,16 +62,16 @@ def bench_prefix(model: str, engine_args: dict[str, Any], system_len: int, suffi
     rows = []
     for c in concurrencies:
         # Warm-up at this shape (kernel compilation, allocator, a cache hit), not measured.
-        warmup_sys = _random_ids(rng, vocab, system_len)
+        warmup_sys = random_ids(rng, vocab, system_len)
         for _ in range(2):
-            _ttfts(eng, [warmup_sys + _random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
+            _ttfts(eng, [warmup_sys + random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
         # Cold: a system prompt never seen before. Warm: the same one after a priming request.
-        cold_sys = _random_ids(rng, vocab, system_len)
-        cold, _ = _ttfts(eng, [cold_sys + _random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
-        warm_sys = _random_ids(rng, vocab, system_len)
-        _ttfts(eng, [warm_sys + _random_ids(rng, vocab, suffix_len)], 1)
+        cold_sys = random_ids(rng, vocab, system_len)
+        cold, _ = _ttfts(eng, [cold_sys + random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
+        warm_sys = random_ids(rng, vocab, system_len)
+        _ttfts(eng, [warm_sys + random_ids(rng, vocab, suffix_len)], 1)
         hits_before = eng.scheduler.prefix_cache_hit_tokens
-        warm, _ = _ttfts(eng, [warm_sys + _random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
+        warm, _ = _ttfts(eng, [warm_sys + random_ids(rng, vocab, suffix_len) for _ in range(c)], 1)
         rows.append({"concurrency": c, "cold": _summary(cold), "warm": _summary(warm),
                      "speedup_mean": sum(cold) / sum(warm),
                      "warm_hit_tokens": eng.scheduler.prefix_cache_hit_tokens - hits_before})
@@ -84,7 +80,7 @@ def bench_prefix(model: str, engine_args: dict[str, Any], system_len: int, suffi
     identical = 0
     first_diff = []
     for _ in range(divergence_prompts):
-        prompt = _random_ids(rng, vocab, system_len + suffix_len)
+        prompt = random_ids(rng, vocab, system_len + suffix_len)
         _, cold_out = _ttfts(eng, [prompt], divergence_tokens)
         _, warm_out = _ttfts(eng, [prompt], divergence_tokens)
         a, b = next(iter(cold_out.values())), next(iter(warm_out.values()))
@@ -109,14 +105,14 @@ def _decode_throughput(llm: LLM, batch: int, context: int, new_tokens: int, seed
     eng = llm.engine
     rng = random.Random(seed)
     vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
-    prompts = [{"prompt_token_ids": _random_ids(rng, vocab, context)} for _ in range(batch)]
+    prompts = [{"prompt_token_ids": random_ids(rng, vocab, context)} for _ in range(batch)]
 
     def timed(max_tokens: int) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        _sync()
+        sync_device()
         t0 = time.perf_counter()
         llm.generate(prompts, params)
-        _sync()
+        sync_device()
         return time.perf_counter() - t0
 
     prefill_s = timed(1)
@@ -142,7 +138,7 @@ def bench_kv(model: str, engine_args: dict[str, Any], context: int, batches: lis
                          if b * -(-(context + new_tokens) // eng.block_size) <= eng.num_blocks]
         if sequence is None:  # the reference generation, greedy with model-dtype KV
             rng = random.Random(seed + 1)
-            prompt = _random_ids(rng, min(eng.model_config.vocab_size, len(eng.tokenizer)), accuracy_prompt_len)
+            prompt = random_ids(rng, min(eng.model_config.vocab_size, len(eng.tokenizer)), accuracy_prompt_len)
             gen = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=accuracy_tokens,
                                                         ignore_eos=True))
             sequence = prompt + gen[0].outputs[0].token_ids

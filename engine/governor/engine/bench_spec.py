@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from governor.engine.bench_cache import _random_ids, _sync
+from governor.engine.bench_cache import random_ids
+from governor.engine.bench_throughput import sync_device
 from governor.engine.llm import LLM
 from governor.engine.models.checkpoint import weight_files
 from governor.engine.sampling_params import SamplingParams
@@ -56,12 +57,12 @@ def _generation_rate(llm: LLM, batch: int, input_len: int, output_len: int, seed
     eng = llm.engine
     vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
     rng = random.Random(seed)
-    prompts = [{"prompt_token_ids": _random_ids(rng, vocab, input_len)} for _ in range(batch)]
+    prompts = [{"prompt_token_ids": random_ids(rng, vocab, input_len)} for _ in range(batch)]
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    _sync()
+    sync_device()
     t0 = time.perf_counter()
     llm.generate(prompts, params)
-    _sync()
+    sync_device()
     return batch * output_len / (time.perf_counter() - t0)
 
 

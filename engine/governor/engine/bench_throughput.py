@@ -63,10 +63,10 @@ def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> d
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
     # Warm-up (kernel compilation, allocator) on a small slice, not timed.
     llm.generate([p[:16] for p in prompts[:2]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    _sync()
+    sync_device()
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    _sync()
+    sync_device()
     elapsed = time.perf_counter() - t0
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = llm.stats()
@@ -120,11 +120,11 @@ def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: 
                         min_new_tokens=n, do_sample=False, pad_token_id=pad)
 
     run_batch(order[:2])  # warm-up
-    _sync()
+    sync_device()
     t0 = time.perf_counter()
     for b in range(0, len(order), batch_size):
         run_batch(order[b:b + batch_size])
-    _sync()
+    sync_device()
     elapsed = time.perf_counter() - t0
     gen = sum(out_lens)
     return {
@@ -142,7 +142,8 @@ def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: 
     }
 
 
-def _sync() -> None:
+def sync_device() -> None:
+    """Wait for queued GPU work, so wall-clock timings cover it (no-op on CPU)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 

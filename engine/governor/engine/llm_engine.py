@@ -466,7 +466,7 @@ class LLMEngine:
         try:
             while seq.num_computed_tokens < len(token_ids):
                 n = min(chunk, len(token_ids) - seq.num_computed_tokens)
-                self.scheduler._allocate(seq, n)
+                self.scheduler.allocate(seq, n)
                 rows.append(self.runner.execute(SchedulerOutput([ScheduledSeq(seq, n)]), all_logits=True))
                 seq.num_computed_tokens += n
         finally:

@@ -16,7 +16,7 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
-def _filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Logits scaled by temperature with top-k, top-p and min-p applied (masked to -inf)."""
     device = logits.device
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
@@ -54,7 +54,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     if all(p.greedy for p in params):
         tokens = greedy_tokens
     else:
-        probs = _filtered_logits(logits, params).softmax(dim=1)
+        probs = filtered_logits(logits, params).softmax(dim=1)
         noise = torch.empty_like(probs).exponential_(generator=default_generator)
         for i, g in enumerate(generators):
             if g is not None and not params[i].greedy:

@@ -82,7 +82,8 @@ class Scheduler:
         capacity = (len(seq.block_table) + self.block_pool.num_free) * self.block_size
         return max(0, min(n, capacity - seq.num_computed_tokens))
 
-    def _allocate(self, seq: Sequence, n: int) -> None:
+    def allocate(self, seq: Sequence, n: int) -> None:
+        """Extend seq's block table to hold its next n tokens (callers check that they fit first)."""
         needed = -(-(seq.num_computed_tokens + n) // self.block_size) - len(seq.block_table)
         if needed > 0:
             seq.block_table.extend(self.block_pool.allocate(needed))
@@ -186,7 +187,7 @@ class Scheduler:
                 continue
             spec = max(0, fit - seq.num_uncomputed_tokens)
             fit = self._aligned(seq, fit - spec) + spec
-            self._allocate(seq, fit)
+            self.allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit, num_spec=spec))
             taken.add(id(seq))
             budget -= fit
@@ -211,7 +212,7 @@ class Scheduler:
                 self.prefix_cache_queries += seq.num_tokens
                 self.prefix_cache_hit_tokens += start
             fit = self._aligned(seq, fit)
-            self._allocate(seq, fit)
+            self.allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit))
             taken.add(id(seq))
             budget -= fit

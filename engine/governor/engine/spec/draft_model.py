@@ -19,7 +19,7 @@ from governor.engine.models.checkpoint import iter_weights
 from governor.engine.models.llama import CausalLM
 from governor.engine.models.model_config import ModelConfig, load_model_config
 from governor.engine.runner import ModelRunner
-from governor.engine.sampler import _filtered_logits
+from governor.engine.sampler import filtered_logits
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.sequence import Sequence
 
@@ -102,7 +102,7 @@ class DraftModelProposer:
             if not live:
                 break  # only partial catch-ups this step
             params = [s.seq.params for _, s, _ in live]
-            probs = _filtered_logits(logits, params).softmax(dim=1)
+            probs = filtered_logits(logits, params).softmax(dim=1)
             greedy = logits.argmax(dim=1)
             for row, (i, s, st) in enumerate(live):
                 if s.seq.params.greedy:

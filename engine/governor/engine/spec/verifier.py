@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from governor.engine.sampler import _filtered_logits
+from governor.engine.sampler import filtered_logits
 from governor.engine.sampling_params import SamplingParams
 
 
@@ -20,7 +20,7 @@ def target_distributions(logits: torch.Tensor, params: list[SamplingParams]) -> 
         raise ValueError(f"logits must be [N, V] with one SamplingParams per row, got shape {tuple(logits.shape)} "
                          f"and {len(params)} params")
     logits = logits.float()
-    probs = _filtered_logits(logits, params).softmax(dim=1)
+    probs = filtered_logits(logits, params).softmax(dim=1)
     is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
     if bool(is_greedy.any()):
         one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
