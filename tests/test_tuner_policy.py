@@ -36,7 +36,7 @@ def window(**changes: object) -> Signals:
 
 
 QUEUEING = dict(ttft_p95_s=1.5, queue_len=12.0, kv_usage=0.6)
-PREFILL = dict(itl_p95_s=0.08)
+PREFILL = dict(itl_p95_s=0.08, itl_p50_s=0.02)  # spiky: a few steps carry prefill chunks
 DECODE = dict(itl_p95_s=0.08, running=60.0, knobs={"max_num_batched_tokens": 512})
 SPEC_LOW_ACCEPTANCE = dict(knobs={"num_speculative_tokens": 4}, spec_acceptance=0.3)
 SPEC_HEADROOM = dict(itl_p95_s=0.08, running=2.0, spec_acceptance=0.9,
@@ -74,7 +74,23 @@ def test_high_itl_with_a_large_step_budget_is_prefill_interference() -> None:
     found = classify(window(**PREFILL), SLO_, H)
     assert found.bottleneck is Bottleneck.PREFILL_INTERFERENCE
     assert found.slo_at_risk == "itl_p95_s"
-    assert found.evidence[1] == Evidence("max_num_batched_tokens", 2048, 512, "1m")
+    assert found.evidence[1:] == [Evidence("itl_p95_over_p50", pytest.approx(4.0), 2.0, "1m"),
+                                  Evidence("max_num_batched_tokens", 2048, 512, "1m")]
+
+
+def test_high_itl_dominated_by_prompt_tokens_is_prefill_interference() -> None:
+    # Chunks in most steps make ITL uniformly slow (p95 ≈ p50); prompt tokens outnumbering generated
+    # ones still name prefill as the cause.
+    found = classify(window(itl_p95_s=0.08, itl_p50_s=0.07, prompt_tok_s=9000.0), SLO_, H)
+    assert found.bottleneck is Bottleneck.PREFILL_INTERFERENCE
+    assert found.evidence[1] == Evidence("prompt_tok_s", 9000.0, 5000.0, "1m")
+
+
+def test_uniformly_slow_itl_without_prefill_load_is_not_prefill_interference() -> None:
+    # A large step budget alone is no evidence: lowering it would change nothing.
+    slow = window(itl_p95_s=0.08, itl_p50_s=0.07, prompt_tok_s=500.0)
+    assert classify(slow, SLO_, H).bottleneck is Bottleneck.NONE
+    assert classify(dataclasses.replace(slow, running=60.0), SLO_, H).bottleneck is Bottleneck.DECODE_PRESSURE
 
 
 def test_high_itl_with_a_full_batch_is_decode_pressure() -> None:
@@ -108,23 +124,38 @@ def test_spec_headroom_needs_room_under_the_k_cap() -> None:
     assert classify(at_cap, SLO_, H, bounds=BOUNDS).bottleneck is Bottleneck.NONE
 
 
-def test_every_slo_met_with_margin_is_headroom() -> None:
-    found = classify(window(ttft_p95_s=0.5, itl_p95_s=0.03), SLO_, H)
+COMFORTABLE = dict(ttft_p95_s=0.5, itl_p95_s=0.03)
+FULL_BATCH = dict(running=60.0)  # ≥ 0.8 × max_num_seqs 64
+
+
+def test_every_slo_met_with_margin_and_a_full_batch_is_headroom() -> None:
+    found = classify(window(**COMFORTABLE, **FULL_BATCH), SLO_, H)
     assert found.bottleneck is Bottleneck.HEADROOM
     assert found.slo_at_risk is None
-    assert [e.metric for e in found.evidence] == ["ttft_p95_s", "itl_p95_s"]
-    assert [e.threshold for e in found.evidence] == pytest.approx([0.9, 0.045])
+    assert [e.metric for e in found.evidence] == ["ttft_p95_s", "itl_p95_s", "running"]
+    assert [e.threshold for e in found.evidence] == pytest.approx([0.9, 0.045, 51.2])
+
+
+def test_headroom_with_a_queue_names_the_queue() -> None:
+    found = classify(window(**COMFORTABLE, queue_len=3.0), SLO_, H)
+    assert found.bottleneck is Bottleneck.HEADROOM
+    assert found.evidence[-1] == Evidence("queue_len", 3.0, 0.0, "1m")
+
+
+def test_no_headroom_probe_while_the_batch_has_room() -> None:
+    # Running 10 of 64 with no queue: a larger max_num_seqs would change nothing.
+    assert classify(window(**COMFORTABLE), SLO_, H).bottleneck is Bottleneck.NONE
 
 
 def test_headroom_needs_every_set_slo_observed() -> None:
     slo = SLO(ttft_p95_s=1.0, itl_p95_s=0.05, e2e_p95_s=10.0)
-    assert classify(window(ttft_p95_s=0.5, itl_p95_s=0.03), slo, H).bottleneck is Bottleneck.NONE
-    assert classify(window(ttft_p95_s=0.5, itl_p95_s=0.03, e2e_p95_s=5.0), slo, H).bottleneck is Bottleneck.HEADROOM
+    assert classify(window(**COMFORTABLE, **FULL_BATCH), slo, H).bottleneck is Bottleneck.NONE
+    assert classify(window(**COMFORTABLE, **FULL_BATCH, e2e_p95_s=5.0), slo, H).bottleneck is Bottleneck.HEADROOM
 
 
 def test_headroom_is_withheld_when_the_error_slo_is_not_met_with_margin() -> None:
     slo = SLO(ttft_p95_s=1.0, itl_p95_s=0.05, error_rate=0.01)
-    found = classify(window(ttft_p95_s=0.5, itl_p95_s=0.03, error_rate=0.02), slo, H)
+    found = classify(window(**COMFORTABLE, **FULL_BATCH, error_rate=0.02), slo, H)
     assert found.bottleneck is Bottleneck.NONE
     assert found.slo_at_risk == "error_rate"
 
@@ -139,9 +170,12 @@ def test_values_inside_the_release_band_classify_as_none(ttft: float, itl: float
 @pytest.mark.parametrize("first, second, winner", [
     (dict(preemption_rate=0.1), QUEUEING, Bottleneck.KV_PRESSURE),
     (QUEUEING, PREFILL, Bottleneck.QUEUEING),
+    (QUEUEING, SPEC_LOW_ACCEPTANCE, Bottleneck.QUEUEING),
+    (SPEC_LOW_ACCEPTANCE, PREFILL, Bottleneck.SPEC_NOT_PAYING),
     (PREFILL, dict(running=60.0), Bottleneck.PREFILL_INTERFERENCE),
-    (DECODE, SPEC_LOW_ACCEPTANCE, Bottleneck.DECODE_PRESSURE),
-    (SPEC_LOW_ACCEPTANCE, dict(ttft_p95_s=0.5, itl_p95_s=0.03), Bottleneck.SPEC_NOT_PAYING),
+    (dict(itl_p95_s=0.08, running=4.0, knobs={"max_num_seqs": 4, "max_num_batched_tokens": 512}),
+     dict(spec_acceptance=0.9, knobs={"num_speculative_tokens": 2}), Bottleneck.DECODE_PRESSURE),
+    (SPEC_HEADROOM, dict(queue_len=1.0), Bottleneck.SPEC_HEADROOM),
 ])
 def test_the_higher_priority_bottleneck_wins(first: dict, second: dict, winner: Bottleneck) -> None:
     knobs = {**second.get("knobs", {}), **first.get("knobs", {})}
@@ -196,16 +230,16 @@ def test_acts_only_after_n_consecutive_windows_of_the_same_bottleneck() -> None:
     assert ctl.decide(queueing, 60.0) is None
     decision = ctl.decide(queueing, 120.0)
     assert decision == Decision(120.0, "max_num_seqs", 64, 96, Bottleneck.QUEUEING,
-                                classify(queueing, SLO_, H).evidence)
+                                classify(queueing, SLO_, H).evidence, windows=3)
     assert ctl.hold is None
 
 
-def test_a_window_back_inside_the_band_resets_the_count() -> None:
+def test_a_window_released_below_the_band_resets_the_count() -> None:
     ctl = controller()
     queueing = window(**QUEUEING)
     ctl.decide(queueing, 0.0)
     ctl.decide(queueing, 60.0)
-    assert ctl.decide(window(ttft_p95_s=1.05, queue_len=3.0), 120.0) is None
+    assert ctl.decide(window(ttft_p95_s=0.85), 120.0) is None  # below the release threshold 0.9
     assert ctl.hold is Hold.NO_BOTTLENECK
     assert ctl.decide(queueing, 180.0) is None
     assert ctl.decide(queueing, 240.0) is None
@@ -240,7 +274,7 @@ def test_hourly_cap_holds_until_the_oldest_action_is_an_hour_old() -> None:
 
 def test_no_action_at_a_bound() -> None:
     ctl = controller(consecutive=1)
-    assert ctl.decide(window(ttft_p95_s=0.5, itl_p95_s=0.03, knobs={"max_num_seqs": 256}), 0.0) is None
+    assert ctl.decide(window(**COMFORTABLE, running=250.0, knobs={"max_num_seqs": 256}), 0.0) is None
     assert ctl.hold is Hold.AT_BOUND
     assert ctl.action_times == []
 
@@ -249,7 +283,7 @@ def test_decisions_never_leave_the_bounds() -> None:
     ctl = controller(consecutive=1, cooldown_s=0.0, max_actions_per_hour=1000)
     seqs = 64
     for i in range(20):
-        decision = ctl.decide(window(ttft_p95_s=0.5, itl_p95_s=0.03, knobs={"max_num_seqs": seqs}), 60.0 * i)
+        decision = ctl.decide(window(**COMFORTABLE, queue_len=2.0, knobs={"max_num_seqs": seqs}), 60.0 * i)
         if decision is None:
             break
         assert decision.from_value == seqs and decision.to_value > seqs
@@ -263,6 +297,41 @@ def test_each_decision_moves_one_knob() -> None:
     decision = ctl.decide(window(**SPEC_LOW_ACCEPTANCE), 0.0)
     assert decision is not None
     assert (decision.knob, decision.from_value, decision.to_value) == ("num_speculative_tokens", 4, 3)
+
+
+def test_an_engaged_slo_keeps_acting_inside_the_band_until_released() -> None:
+    ctl = controller(consecutive=1, cooldown_s=0.0)
+    assert ctl.decide(window(**PREFILL), 0.0) is not None  # 0.08 > 0.055: engaged
+    in_band = dict(PREFILL, itl_p95_s=0.052)  # inside the band (0.045 .. 0.055)
+    decision = ctl.decide(window(**in_band), 60.0)
+    assert decision is not None and decision.reason is Bottleneck.PREFILL_INTERFERENCE
+    assert decision.evidence[0].threshold == pytest.approx(0.045)  # the release threshold
+    assert ctl.decide(window(**dict(PREFILL, itl_p95_s=0.04)), 120.0) is None  # released below 0.045
+    assert "itl_p95_s" not in ctl.engaged
+    assert ctl.decide(window(**in_band), 180.0) is None  # never starts acting from inside the band
+
+
+def test_a_blocked_step_is_halved_and_then_backs_off() -> None:
+    ctl = controller(consecutive=1, cooldown_s=0.0, max_actions_per_hour=100)
+    ctl.block("max_num_seqs", 64, 96, until=1000.0)  # 64 → 96 was rolled back
+    decision = ctl.decide(window(**QUEUEING), 0.0)
+    assert decision is not None and (decision.from_value, decision.to_value) == (64, 80)
+    # From 80, the step to 120 is past the block (96 and beyond): halfway is 88, a move of 10% — allowed.
+    decision = ctl.decide(window(**QUEUEING, knobs={"max_num_seqs": 80}), 10.0)
+    assert decision is not None and decision.to_value == 88
+    # From 90, halfway to 96 is 93: less than a 10% move — hold.
+    assert ctl.decide(window(**QUEUEING, knobs={"max_num_seqs": 90}), 20.0) is None
+    assert ctl.hold is Hold.BACKED_OFF
+    # Steps in the other direction, and steps after the block expires, are not affected.
+    assert ctl.decide(window(**QUEUEING, knobs={"max_num_seqs": 90}), 1000.0) is not None
+
+
+def test_an_unapplied_action_does_not_count_toward_the_hourly_cap() -> None:
+    ctl = controller(consecutive=1, cooldown_s=0.0, max_actions_per_hour=1)
+    decision = ctl.decide(window(**QUEUEING), 0.0)
+    assert decision is not None
+    ctl.uncount(decision.time)
+    assert ctl.decide(window(**QUEUEING), 60.0) is not None
 
 
 @pytest.mark.parametrize("stale", [

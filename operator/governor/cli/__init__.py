@@ -2,7 +2,8 @@
 
 This module is torch-free so the operator image (no torch) can run `governor operator`.
 Engine subcommands are dispatched to `governor.engine.cli`, which imports torch lazily;
-`bench serve` (a load generator for OpenAI-compatible servers) goes to the torch-free `governor.loadgen.cli`.
+`bench serve` (a load generator for OpenAI-compatible servers) goes to the torch-free `governor.loadgen.cli`,
+`tune` (the SLO controller) to the torch-free `governor.tuner.cli`.
 """
 
 from __future__ import annotations
@@ -21,16 +22,22 @@ def main(argv: list[str] | None = None) -> int:
         print("  bench        benchmarks: `governor bench throughput --model DIR ...`")
         print("  bench serve  load an OpenAI-compatible server: `governor bench serve --base-url URL --model NAME ...`")
         print("  generate     offline generation with the engine")
+        print("  tune         the SLO controller: `governor tune simulate --scenario NAME --out DIR`, `tune run`")
+        print("  demo         the whole loop on this machine: `governor demo --duration S --out DIR`")
         return 0 if args else 2
     if args[:2] == ["bench", "serve"]:  # checked before the engine's `bench`: the load generator needs no torch
         from governor.loadgen.cli import main as bench_serve_main
 
         return bench_serve_main(args[2:])
+    if args[0] == "tune":
+        from governor.tuner.cli import main as tune_main
+
+        return tune_main(args[1:])
     if args[0] in ENGINE_COMMANDS:
         from governor.engine.cli import main as engine_main
 
         return engine_main(args)
-    print(f"governor: unknown command {args[0]!r}; expected one of {', '.join(ENGINE_COMMANDS)}",
+    print(f"governor: unknown command {args[0]!r}; expected one of {', '.join((*ENGINE_COMMANDS, 'tune'))}",
           file=sys.stderr)
     return 2
 

@@ -246,7 +246,7 @@ class EngineScraper:
     def signals(self, prev: Snapshot, cur: Snapshot, now: float | None = None) -> Signals:
         """`Signals` over the window from `prev` to `cur`, summed across engines.
 
-        Latencies are p95 of the histogram deltas; `queue_len`, `running` and `kv_usage` are read at `cur`;
+        Latencies are p95 (ITL also p50) of the histogram deltas; `queue_len`, `running`, `kv_usage` are read at `cur`;
         rates are per second over the window; `error_rate` is the fraction errors / (finished + errors)
         (admin-API refusals excluded). `age_s` is `now` (default: the clock) − `cur.time`. A failed snapshot
         at either end, or a window of no positive length, gives all-None signals with `age_s` = inf (stale).
@@ -258,13 +258,13 @@ class EngineScraper:
         before = {e.url: e.metrics for e in prev.engines if e.metrics is not None}
         after = [(e.url, e.metrics) for e in cur.engines if e.metrics is not None]
 
-        def quantile(histogram: str) -> float | None:
+        def quantile(histogram: str, q: float = QUANTILE) -> float | None:
             summed: Buckets = {}
             for url, m in after:
                 delta = bucket_delta(buckets_of(before.get(url, {}), histogram), buckets_of(m, histogram))
                 for le, v in delta.items():
                     summed[le] = summed.get(le, 0.0) + v
-            return quantile_from_buckets(QUANTILE, summed)
+            return quantile_from_buckets(q, summed)
 
         def increase(name: str, **labels: str) -> float | None:
             parts = [counter_delta(total(before.get(url, {}), name, **labels), total(m, name, **labels))
@@ -290,6 +290,7 @@ class EngineScraper:
         finished = increase(contract.REQUESTS_FINISHED)
         err = errors()
         generated = increase(contract.GENERATION_TOKENS)
+        prompted = increase(contract.PROMPT_TOKENS)
         preempted = increase(contract.PREEMPTIONS)
         proposed = increase(contract.SPEC_PROPOSED_TOKENS)
         accepted = increase(contract.SPEC_ACCEPTED_TOKENS)
@@ -308,4 +309,6 @@ class EngineScraper:
             running=gauge(contract.REQUESTS_RUNNING),
             knobs=dict(cur.knobs),
             age_s=max(0.0, now_s - cur.time),
+            itl_p50_s=quantile(contract.ITL_SECONDS, 0.5),
+            prompt_tok_s=None if prompted is None else prompted / seconds,
         )

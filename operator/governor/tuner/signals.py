@@ -39,6 +39,8 @@ class Signals:
     running: float | None
     knobs: dict[str, int] = field(default_factory=dict)
     age_s: float = 0.0
+    itl_p50_s: float | None = None  # with itl_p95_s, tells spiky ITL (prefill chunks) from uniformly slow
+    prompt_tok_s: float | None = None  # prompt tokens prefilled per second
 
 
 @dataclass(frozen=True)
