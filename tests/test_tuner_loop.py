@@ -120,14 +120,24 @@ def test_a_regression_on_an_untargeted_metric_rolls_back_and_blocks_the_value() 
     assert all(call["max_num_seqs"] < 48 for call in engines.calls[2:])
 
 
-def test_a_change_that_wrecks_an_slo_is_rolled_back_before_the_window_ends() -> None:
-    engines = Engines([queueing(ttft=1.5)] * 6 + [queueing(ttft=9.0)] * 8)
+def test_a_change_that_wrecks_itl_is_rolled_back_before_the_window_ends() -> None:
+    engines = Engines([queueing()] * 6 + [queueing(itl_p95_s=0.2)] * 8)
     tuner, sink = make_tuner(engines)
     run(tuner, 6)
-    run(tuner, 4, start=6)  # 2 settling, then 2 windows with TTFT 6x the before-median
+    run(tuner, 4, start=6)  # 2 settling, then 2 windows with ITL 6x the before-median
     assert outcomes(sink) == [(1, "applied"), (1, "rolled_back")]
     assert "2 consecutive windows" in sink.records[-1].detail
     assert engines.knobs["max_num_seqs"] == 32
+
+
+def test_a_lagging_ttft_rise_waits_for_the_full_window() -> None:
+    # TTFT keeps rising for a while after a queueing fix (the backlog drains first): no fast rollback.
+    engines = Engines([queueing(ttft=1.5)] * 6 + [queueing(ttft=9.0)] * 3 + [window()] * 5)
+    tuner, sink = make_tuner(engines)
+    run(tuner, 13)
+    assert outcomes(sink) == [(1, "applied")]
+    run(tuner, 1, start=13)
+    assert outcomes(sink) == [(1, "applied"), (1, "kept")]  # the after-median is the drained queue
 
 
 def test_a_tradeoff_inside_the_slos_is_not_a_regression() -> None:

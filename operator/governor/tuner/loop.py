@@ -15,9 +15,9 @@ both stay comfortably inside their SLOs is the point of tuning, not a regression
 error rate when it has no SLO) counts on the test alone; throughput is judged only when requests queued
 on both sides (otherwise it is the offered load, not the engine's capacity). A regression restores the old value and
 blocks the new one, and anything beyond it in the same direction, for `backoff_s` (doubling with each
-rollback of that knob in that direction). A change that wrecks an SLO (beyond its band and twice its
+rollback of that knob in that direction). A change that wrecks the ITL SLO (beyond its band and twice its
 before-median for two consecutive windows after settling) is rolled back at once, without waiting out
-the window.
+the window; TTFT and E2E are left to the full window because they lag behind a queue still draining.
 
 Stale or missing signals freeze the loop (`frozen`; condition Tuning=False, reason SignalsStale): no
 decisions, and a change under verification waits, counting only fresh windows.
@@ -302,12 +302,12 @@ class Tuner:
         self._roll_back(p, now, regressed, f"{len(p.after)}x{self.settings.interval_s:g}s after vs before")
 
     def _severe_breach(self, p: Pending, signals: Signals) -> list[tuple[str, float, float]]:
-        """SLO metrics of this window beyond both their SLO band and `FAST_ROLLBACK_FACTOR`× their
-        before-median: (metric, value, threshold)."""
+        """ITL of this window if beyond both its SLO band and `FAST_ROLLBACK_FACTOR`× its before-median:
+        [(metric, value, threshold)], else []."""
         slo = self.controller.slo
         out: list[tuple[str, float, float]] = []
-        for metric, target in (("ttft_p95_s", slo.ttft_p95_s), ("itl_p95_s", slo.itl_p95_s),
-                               ("e2e_p95_s", slo.e2e_p95_s)):
+        # ITL only: it answers within a step, while TTFT and E2E lag behind a queue the change may still be draining.
+        for metric, target in (("itl_p95_s", slo.itl_p95_s),):
             value = getattr(signals, metric)
             before = [v for w in p.before if (v := getattr(w, metric)) is not None]
             if target is None or value is None or not before:
