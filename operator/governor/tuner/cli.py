@@ -75,8 +75,9 @@ def build_tuner(args: argparse.Namespace, sink: RecordSink) -> Tuner:
     if args.prometheus:
         from governor.tuner.prom import PrometheusSource
 
-        source = PrometheusSource(args.prometheus, args.service, args.revision, window_s=args.interval,
-                                  scrape_interval_s=args.interval)
+        source = PrometheusSource(args.prometheus, args.service, args.revision,
+                                  window_s=max(args.interval, 2 * args.scrape_interval),
+                                  scrape_interval_s=args.scrape_interval)
     else:
         source = EngineSource(EngineScraper(args.engine, scrape_interval_s=args.interval))
     return Tuner(args.service, args.revision or "", controller, source, EngineActuator(args.engine, token), sink,
@@ -88,6 +89,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", required=True, help="the service (engines' served model name)")
     p.add_argument("--revision", default=None, help="revision label to scope Prometheus queries to")
     p.add_argument("--prometheus", default=None, help="Prometheus URL (default: scrape the engines directly)")
+    p.add_argument("--scrape-interval", type=float, default=5.0,
+                   help="Prometheus's scrape interval for the engines, seconds (rate windows span ≥ 2 of them)")
     p.add_argument("--token-file", default=None, help=f"admin token file (default: ${contract.ADMIN_TOKEN_ENV})")
     p.add_argument("--ttft-p95", type=float, required=True, help="TTFT p95 SLO, seconds")
     p.add_argument("--itl-p95", type=float, required=True, help="ITL p95 SLO, seconds")

@@ -197,7 +197,7 @@ def snapshot_of(time_s: float, engines: Iterable[EngineScrape]) -> Snapshot:
     return Snapshot(time_s, engines, knobs, disagreement)
 
 
-def _failed_signals(time_s: float) -> Signals:
+def failed_signals(time_s: float) -> Signals:
     return Signals(time=time_s, ttft_p95_s=None, itl_p95_s=None, e2e_p95_s=None, queue_len=None,
                    queue_time_p95_s=None, kv_usage=None, preemption_rate=None, error_rate=None,
                    throughput_tok_s=None, spec_acceptance=None, running=None, knobs={}, age_s=math.inf)
@@ -254,7 +254,7 @@ class EngineScraper:
         now_s = time.time() if now is None else now
         seconds = cur.time - prev.time
         if prev.failed or cur.failed or seconds <= 0:
-            return _failed_signals(cur.time)
+            return failed_signals(cur.time)
         before = {e.url: e.metrics for e in prev.engines if e.metrics is not None}
         after = [(e.url, e.metrics) for e in cur.engines if e.metrics is not None]
 
