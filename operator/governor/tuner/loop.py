@@ -237,8 +237,8 @@ class Tuner:
 
     def _freeze(self, signals: Signals, now: float) -> None:
         # The first window of a run has no history to be stale against (the embedded source needs two
-        # scrapes for a window): a freeze record then would only be noise.
-        if not self.frozen and self.windows > 1:
+        # scrapes for a window): a freeze is recorded from the second window on, once per freeze.
+        if (not self.frozen and self.windows > 1) or (self.frozen and self.windows == 2):
             age = signals.age_s if signals.age_s != float("inf") else None
             missing = [name for name in ("ttft_p95_s", "itl_p95_s") if getattr(signals, name) is None]
             detail = "signals stale or missing: " + (", ".join(missing) if missing else "knob values")
