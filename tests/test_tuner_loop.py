@@ -11,11 +11,20 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from governor.tuner.actuate import ActuationResult, EngineActuation, EngineStatus
 from governor.tuner.loop import Tuner, TunerSettings
 from governor.tuner.policy import Controller, Hold
-from governor.tuner.records import DecisionRecord, HistorySink, JsonlSink, Outcome, record_schema
+from governor.tuner.records import (
+    DecisionRecord,
+    FanOut,
+    HistorySink,
+    JsonlSink,
+    MetricsSink,
+    Outcome,
+    record_schema,
+)
 from governor.tuner.signals import SLO, Signals
 
 SLO_ = SLO(ttft_p95_s=1.0, itl_p95_s=0.05)
@@ -220,3 +229,20 @@ def test_the_schema_in_docs_matches_the_model() -> None:
     assert on_disk == record_schema(), "docs/decision-record.schema.json is stale: python -m governor.tuner.records"
     assert set(on_disk["properties"]["outcome"]["$ref"].split("/")[-1:]) == {"Outcome"}
     assert set(on_disk["$defs"]["Outcome"]["enum"]) == {o.value for o in Outcome}
+
+
+def test_records_are_counted_in_metrics_and_a_failing_sink_does_not_stop_the_others() -> None:
+    class Broken:
+        def emit(self, record: DecisionRecord) -> None:
+            raise OSError("disk full")
+
+    registry = CollectorRegistry()
+    history = HistorySink()
+    engines = Engines([queueing()] * 6 + [window(itl_p95_s=0.07)] * 8)
+    tuner, _ = make_tuner(engines)
+    tuner.sink = FanOut([Broken(), MetricsSink(registry), history])
+    run(tuner, 14)
+    assert [r.outcome.value for r in history.records] == ["applied", "rolled_back"]
+    for outcome in ("applied", "rolled_back"):
+        labels = {"service": "chat", "knob": "max_num_seqs", "outcome": outcome}
+        assert registry.get_sample_value("governor_tuner_decisions_total", labels) == 1.0

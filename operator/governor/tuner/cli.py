@@ -23,7 +23,7 @@ from pathlib import Path
 from governor import contract
 from governor.tuner.loop import EngineActuator, EngineSource, SignalSource, Tuner, TunerSettings
 from governor.tuner.policy import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, NUM_SPECULATIVE_TOKENS, Bounds, Controller
-from governor.tuner.records import FanOut, JsonlSink, LogSink, RecordSink
+from governor.tuner.records import FanOut, JsonlSink, LogSink, MetricsSink, RecordSink
 from governor.tuner.scrape import EngineScraper
 from governor.tuner.signals import SLO
 
@@ -113,6 +113,12 @@ def _run(args: argparse.Namespace) -> int:
     sinks: list[RecordSink] = [LogSink()]
     if args.records:
         sinks.append(JsonlSink(Path(args.records)))
+    if args.metrics_port is not None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()
+        sinks.append(MetricsSink(registry))
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
     tuner = build_tuner(args, FanOut(sinks))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -134,6 +140,9 @@ def main(argv: list[str]) -> int:
     run = sub.add_parser("run", help="the live tuner against running engines")
     add_run_arguments(run)
     run.add_argument("--records", default=None, help="append decision records to this JSON Lines file")
+    run.add_argument("--metrics-port", type=int, default=None,
+                     help="serve governor_tuner_decisions_total on this port (/metrics)")
+    run.add_argument("--metrics-host", default="127.0.0.1")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
