@@ -7,6 +7,7 @@ a forward, the engine's loader sees a checkpoint shaped like a downloaded one.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_transformers_loads_tiny_model_with_exactly_the_expected_tensors(
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("preset", ["qwen3-0.6b", "llama3-8b"])
+@pytest.mark.parametrize("preset", ["qwen3-0.6b", "llama3-8b", "llama3-70b"])
 def test_big_preset_tensor_shapes_match_transformers_model(arch: str, preset: str) -> None:
     # Built on the meta device: real shapes, no memory, no weights written.
     config = preset_config(arch, preset, tb.VOCAB_SIZE)
@@ -136,6 +137,28 @@ def test_llama3_8b_config_numbers() -> None:
     assert config["rope_scaling"]["rope_type"] == "llama3"
     # The llama3 RoPE belongs to the llama family; other archs at this preset keep plain RoPE.
     assert preset_config("qwen3", "llama3-8b", tb.VOCAB_SIZE)["rope_scaling"] is None
+
+
+def test_llama3_70b_config_numbers() -> None:
+    config = preset_config("llama", "llama3-70b", tb.VOCAB_SIZE, dtype="bfloat16")
+    assert {k: config[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                   "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                                   "tie_word_embeddings", "rope_theta", "max_position_embeddings")} == {
+        "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+        "head_dim": 128, "intermediate_size": 28672, "vocab_size": 128256, "tie_word_embeddings": False,
+        "rope_theta": 500000.0, "max_position_embeddings": 131072}
+    assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    params = sum(math.prod(shape) for shape in tensor_shapes(config).values())
+    assert 70.5e9 < params < 70.6e9  # Llama 3 70B: 70.55 B parameters
+
+
+def test_a_config_only_directory_has_config_and_tokenizer_but_no_weights(tmp_path: Path) -> None:
+    make_model(tmp_path, "llama", "tiny", dtype="float32")
+    make_model(tmp_path, "llama", "llama3-70b", weights=False)  # replaces the tiny model's weights too
+    assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 80
+    assert (tmp_path / "tokenizer.json").exists()
+    assert not list(tmp_path.glob("*.safetensors"))
 
 
 def test_small_presets_round_the_tokenizer_vocab_up_to_64() -> None:

@@ -80,6 +80,20 @@ def test_a_different_draft_keeps_greedy_output_identical(target: Path, other_dra
     assert spec.engine.proposer.pool.num_used == 0  # type: ignore[union-attr]
 
 
+def test_a_block_filled_by_accepted_drafts_is_cached_once_its_tokens_are_known(target: Path) -> None:
+    """With prefix caching on, accepted drafts count as computed before they join the sequence's tokens;
+    the block they fill is hashed at the next settle (hashing it at once raised IndexError)."""
+    prompts = repetitive_prompts(4, seed=1)
+    want = tokens(LLM(str(target), dtype="float32", block_size=4).generate(prompts, greedy(16)))
+    llm = LLM(str(target), dtype="float32", block_size=4, enable_prefix_caching=True,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert tokens(llm.generate(prompts, greedy(16))) == want
+    assert llm.stats()["spec_accepted_tokens"] > 0
+    again = llm.generate(prompts, greedy(16))  # every full block of the first run is now a cache hit
+    assert tokens(again) == want
+    assert llm.stats()["prefix_cache_hit_tokens"] > 0
+
+
 def test_k_is_a_live_knob_that_never_changes_greedy_output(target: Path) -> None:
     prompts = repetitive_prompts(4, seed=9)
     want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(24)))

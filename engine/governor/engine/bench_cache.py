@@ -88,6 +88,7 @@ def bench_prefix(model: str, engine_args: dict[str, Any], system_len: int, suffi
         identical += d is None
         if d is not None:
             first_diff.append(d)
+    llm.close()
     return {
         "system_len": system_len, "suffix_len": suffix_len, "ttft": rows,
         "divergence": {"prompts": divergence_prompts, "tokens": divergence_tokens, "identical": identical,
@@ -144,6 +145,7 @@ def bench_kv(model: str, engine_args: dict[str, Any], context: int, batches: lis
             sequence = prompt + gen[0].outputs[0].token_ids
         logits[name] = eng.prompt_logits(sequence)[accuracy_prompt_len - 1:-1].float().cpu()
         out["variants"][name] = row
+        llm.close()
         del llm, eng
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -99,6 +99,7 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                        "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if k else 1.0}
                 rows.append(row)
                 print(json.dumps(row))
+        llm.close()
         del llm, eng
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -57,17 +57,17 @@ def hardware() -> dict[str, Any]:
 def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> dict[str, Any]:
     from governor.engine import LLM, SamplingParams
 
-    llm = LLM(model, **engine_args)
-    eng = llm.engine
-    prompts, out_lens = workload.make(min(eng.model_config.vocab_size, len(eng.tokenizer)))
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
-    # Warm-up (kernel compilation, allocator) on a small slice, not timed.
-    llm.generate([p[:16] for p in prompts[:2]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    sync_device()
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    sync_device()
-    elapsed = time.perf_counter() - t0
+    with LLM(model, **engine_args) as llm:
+        eng = llm.engine
+        prompts, out_lens = workload.make(min(eng.model_config.vocab_size, len(eng.tokenizer)))
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
+        # Warm-up (kernel compilation, allocator) on a small slice, not timed.
+        llm.generate([p[:16] for p in prompts[:2]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        sync_device()
+        t0 = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        sync_device()
+        elapsed = time.perf_counter() - t0
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = llm.stats()
     return {

@@ -55,10 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     mm = sub.add_parser("make-model", help="write a random-weight Hugging Face checkpoint")
     mm.add_argument("dir")
     mm.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3"))
-    mm.add_argument("--preset", default="tiny", choices=("tiny", "small", "qwen3-0.6b", "llama3-8b"))
+    mm.add_argument("--preset", default="tiny", choices=("tiny", "small", "qwen3-0.6b", "llama3-8b", "llama3-70b"))
     mm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     mm.add_argument("--seed", type=int, default=0)
     mm.add_argument("--device", default="cpu", help="where weights are generated (cuda is faster for big presets)")
+    mm.add_argument("--no-weights", action="store_true",
+                    help="write config and tokenizer only, for the engine's --load-format dummy")
 
     gen = sub.add_parser("generate", help="offline generation with the engine")
     gen.add_argument("--model", required=True)
@@ -101,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--output-json", default=None)
     _add_engine_args(kv)
 
+    lt = bsub.add_parser("latency", help="time to first token and per-token decode latency at a context, by batch")
+    lt.add_argument("--model", required=True)
+    lt.add_argument("--context", type=int, default=512, help="prompt tokens of every request")
+    lt.add_argument("--batches", default="1", help="comma-separated batch sizes")
+    lt.add_argument("--new-tokens", type=int, default=128)
+    lt.add_argument("--output-json", default=None)
+    _add_engine_args(lt)
+
     sp = bsub.add_parser("spec", help="speculative decoding speedup over plain decoding by batch and K")
     sp.add_argument("--model", required=True)
     sp.add_argument("--perturb-sigma", default="0.3", help="comma-separated noise levels for perturbed drafts")
@@ -141,14 +151,16 @@ def _run(args: argparse.Namespace) -> int:
         from governor.engine.models.make_model import make_model
 
         path = make_model(args.dir, arch=args.arch, preset=args.preset, dtype=args.dtype, seed=args.seed,
-                          device=args.device)
-        print(f"wrote {args.arch}/{args.preset} ({args.dtype}) checkpoint to {path}")
+                          device=args.device, weights=not args.no_weights)
+        what = "config (no weights)" if args.no_weights else "checkpoint"
+        print(f"wrote {args.arch}/{args.preset} ({args.dtype}) {what} to {path}")
         return 0
     if args.command == "generate":
         from governor.engine import LLM, SamplingParams
 
-        llm = LLM(args.model, **_engine_args(args))
-        outs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens))
+        with LLM(args.model, **_engine_args(args)) as llm:
+            outs = llm.generate(args.prompt, SamplingParams(temperature=args.temperature,
+                                                            max_tokens=args.max_tokens))
         for o in outs:
             print(json.dumps({"prompt": o.prompt, "text": o.outputs[0].text,
                               "token_ids": o.outputs[0].token_ids, "finish_reason": o.outputs[0].finish_reason}))
@@ -166,6 +178,18 @@ def _run(args: argparse.Namespace) -> int:
               f"{r['output_tokens_per_s']:.1f} output tok/s ({r['total_tokens_per_s']:.1f} total tok/s)")
         if args.output_json:
             print(f"envelope written to {args.output_json}")
+        return 0
+    if args.command == "bench" and args.bench == "latency":
+        from governor.engine import bench_cache
+        from governor.engine.bench_latency import bench_latency
+
+        result = bench_latency(args.model, _engine_args(args), args.context,
+                               [int(b) for b in args.batches.split(",")], args.new_tokens)
+        for row in result["rows"]:
+            print(f"batch {row['batch']} at {row['context']} tokens: TTFT {row['ttft_ms']:.1f} ms, decode "
+                  f"{row['ms_per_token_p50']:.2f} ms/token (p50; mean {row['ms_per_token_mean']:.2f}), "
+                  f"{row['decode_tok_s']:.0f} tok/s")
+        bench_cache.write_envelope("bench-latency", args.model, result, args.output_json)
         return 0
     if args.command == "bench" and args.bench == "spec":
         from governor.engine import bench_cache, bench_spec

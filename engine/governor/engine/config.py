@@ -10,6 +10,7 @@ DType = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
+LoadFormat = Literal["auto", "dummy"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
 
@@ -62,9 +63,10 @@ class EngineConfig(BaseModel):
     block_size: int = Field(default=16, ge=1, le=256)
     max_model_len: int | None = Field(default=None, ge=1)
     num_kv_blocks: int | None = Field(default=None, ge=1, description="Overrides memory-based sizing.")
-    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="KV budget (CPU default 256 MiB).")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0,
-                                          description="Fraction of GPU memory free after weights given to KV.")
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1, description="KV budget of each "
+                                              "tensor-parallel rank (CPU default 256 MiB).")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0, description="Fraction of each GPU's "
+                                          "memory free after weights given to KV.")
     max_num_seqs: int = Field(default=256, ge=1, description="Initial max_num_seqs knob.")
     max_num_batched_tokens: int = Field(default=8192, ge=1, description="Initial max_num_batched_tokens knob.")
     max_num_seqs_cap: int | None = Field(default=None, ge=1, description="Hard cap (default: initial value).")
@@ -79,6 +81,12 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = Field(default=False, description="Reuse cached KV of shared prompt prefixes "
                                                                      "(on by default in `governor serve`).")
     attention_backend: AttentionBackend = "auto"
+    tensor_parallel_size: int = Field(default=1, ge=1, description="Ranks the model is split over (Megatron-style: "
+                                      "attention heads and MLP columns; one process and device per rank; it must "
+                                      "divide the attention heads, KV heads and intermediate size).")
+    load_format: LoadFormat = Field(default="auto", description="'auto' reads the safetensors weights; 'dummy' "
+                                    "draws random weights of the checkpoint's shapes from `seed` (config.json "
+                                    "and tokenizer are still read), for benchmarks without the weights on disk.")
 
     @model_validator(mode="after")
     def _caps_hold_initial_knobs(self) -> EngineConfig:

@@ -18,6 +18,17 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._next_id = 0
 
+    def close(self) -> None:
+        """Stop the engine's tensor-parallel workers (a no-op with one rank); also `with LLM(...) as llm:`.
+        Garbage collection and interpreter exit close a forgotten engine too."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

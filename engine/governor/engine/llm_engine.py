@@ -5,22 +5,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from governor.engine.attention import PagedAttention
 from governor.engine.config import EngineConfig, Knobs
 from governor.engine.detokenizer import IncrementalDetokenizer
 from governor.engine.kv.block_hash import identity_seed
 from governor.engine.kv.block_pool import BlockPool
-from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block
-from governor.engine.models.checkpoint import iter_weights, model_digest, tokenizer_digest
-from governor.engine.models.llama import CausalLM
+from governor.engine.kv.cache import bytes_per_block
+from governor.engine.models.checkpoint import model_digest, tokenizer_digest
 from governor.engine.models.model_config import load_model_config
 from governor.engine.outputs import CompletionOutput, RequestOutput, StepResult, TokenEvent
-from governor.engine.runner import ModelRunner
+from governor.engine.runner import broadcast_shutdown
 from governor.engine.sampler import sample, token_logprobs
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
@@ -29,6 +28,18 @@ from governor.engine.spec.draft_model import DraftModelProposer
 from governor.engine.spec.proposer import NgramProposer, Proposer
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
 from governor.engine.tokenizer import load_tokenizer
+from governor.engine.tp.group import (
+    SINGLE,
+    TPGroup,
+    check_no_open_group,
+    destroy_tp_group,
+    free_port,
+    init_tp_group,
+    rank_device,
+)
+from governor.engine.tp.processes import WorkerProcesses
+from governor.engine.tp.sharding import shard_config
+from governor.engine.worker import Worker, WorkerSpec
 
 log = logging.getLogger("governor.engine")
 
@@ -48,11 +59,13 @@ class _Request:
 
 
 class LLMEngine:
-    """One model on one device: requests in, finished outputs out, one `step()` at a time."""
+    """One model on one device, or split over `tensor_parallel_size` devices (one process per rank: this
+    one is rank 0 and runs everything but the other shards' forward): requests in, finished outputs out,
+    one `step()` at a time. `close()` stops the tensor-parallel workers."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.device = torch.device(_resolve_device(config.device))
+        device_type = _resolve_device(config.device)
         self.model_config = load_model_config(config.model)
         mc = self.model_config
         dtype_name = mc.torch_dtype if config.dtype == "auto" else config.dtype
@@ -63,51 +76,97 @@ class LLMEngine:
         if self.max_model_len > limit:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds what the model supports ({limit}: "
                              "max_position_embeddings" + (", sliding window" if mc.sliding_window else "") + ")")
+        tp_size = config.tensor_parallel_size
+        shard_config(mc, tp_size)  # a size that does not divide the heads fails here, before any process starts
+        if device_type == "cuda" and tp_size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size={tp_size} needs {tp_size} GPUs (one per rank); torch sees "
+                             f"{torch.cuda.device_count()}")
         tok_dir = config.tokenizer or config.model
         self.tokenizer = load_tokenizer(tok_dir)
-        self.model_digest = model_digest(config.model)
+        self.model_digest = model_digest(config.model, config.seed if config.load_format == "dummy" else None)
         self.tokenizer_digest = tokenizer_digest(tok_dir)
-        log.info("model %s (%s): model digest %s, tokenizer digest %s", config.model, mc.architecture,
-                 self.model_digest, self.tokenizer_digest)
+        log.info("model %s (%s%s): model digest %s, tokenizer digest %s", config.model, mc.architecture,
+                 ", random weights" if config.load_format == "dummy" else "", self.model_digest,
+                 self.tokenizer_digest)
 
         backend = config.attention_backend
         if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
-        self.model = CausalLM(mc, self.dtype, self.device, self.max_model_len,
-                              PagedAttention(backend, mc.head_dim ** -0.5))
-        self.model.load_weights(iter_weights(config.model, self.device))
+            backend = "triton" if device_type == "cuda" else "torch"
+        spec = config.speculative_config
+        draft_bytes = 0
+        if spec is not None and spec.model:  # the draft model keeps a cache of as many blocks
+            draft_bytes = bytes_per_block(load_model_config(spec.model), config.block_size, self.dtype)
+        worker_spec = WorkerSpec(config, mc, self.dtype, device_type, self.max_model_len, backend,
+                                 min(mc.vocab_size, len(self.tokenizer)), draft_bytes)
+        self.tp: TPGroup = SINGLE
+        self._workers: WorkerProcesses | None = None
+        self._finalizer: weakref.finalize[[TPGroup, WorkerProcesses], LLMEngine] | None = None
+        if tp_size > 1:
+            self._start_workers(worker_spec, tp_size)
+        try:
+            self.worker = Worker(worker_spec, self.tp)
+            self._init_rank0(backend)
+        except BaseException:
+            self.close()
+            raise
 
-        self.block_size = config.block_size
-        self.kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype.startswith("fp8") else self.dtype
-        if self.kv_dtype == torch.float8_e4m3fn:
-            self._calibrate_fp8_scales()
-        self.num_blocks = self._num_kv_blocks()
-        min_blocks = -(-self.max_model_len // self.block_size)
-        if self.num_blocks < min_blocks:
-            raise ValueError(f"the KV cache holds {self.num_blocks} blocks of {self.block_size} tokens, fewer than "
-                             f"one max_model_len={self.max_model_len} sequence needs ({min_blocks}); lower "
-                             "max_model_len or give the cache more memory (kv_cache_memory_bytes / num_kv_blocks)")
-        self.kv_caches = allocate_kv_cache(mc, self.num_blocks, self.block_size, self.kv_dtype, self.device)
-        log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB); max concurrent max_model_len "
+    def _start_workers(self, spec: WorkerSpec, size: int) -> None:
+        """Spawn ranks 1..size-1 and join their rendezvous as rank 0."""
+        check_no_open_group()  # before any process starts
+        port = free_port()
+        workers = WorkerProcesses(spec, size, port)
+        try:
+            self.tp = init_tp_group(0, size, port, rank_device(spec.device_type, 0, size))
+        except BaseException:
+            workers.join(timeout_s=0)
+            raise
+        self._workers = workers
+        # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _stop_workers, self.tp, workers)
+        log.info("tensor parallel: %d ranks (%s), worker pids %s", size, torch.distributed.get_backend(),
+                 workers.pids)
+
+    def _init_rank0(self, backend: str) -> None:
+        config, w = self.config, self.worker
+        self.device = w.device
+        self.model, self.kv_caches, self.runner = w.model, w.kv_caches, w.runner
+        self.block_size, self.kv_dtype, self.num_blocks = w.block_size, w.kv_dtype, w.num_blocks
+        log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB%s); max concurrent max_model_len "
                  "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
-                 self.num_blocks * bytes_per_block(mc, self.block_size, self.kv_dtype) / 2**20,
+                 w.kv_cache_bytes() / 2**20, " per rank" if self.tp.size > 1 else "",
                  self.num_blocks * self.block_size / self.max_model_len)
-
         self.knobs: Knobs = config.initial_knobs()
         self.block_pool = BlockPool(self.num_blocks)
         self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs, config.enable_prefix_caching,
                                    self.max_model_len, config.align_prefill_chunks)
-        self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, config.tokens_cap,
-                                  config.seqs_cap, self.max_model_len, self.device, config.spec_cap)
         self.proposer = self._make_proposer(backend)
         self.spec_counters = {"spec_proposed_tokens": 0, "spec_accepted_tokens": 0, "spec_verification_steps": 0}
         self.spec_accepted_by_position = [0] * config.spec_cap
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
-        self.eos_token_ids = set(mc.eos_token_ids)
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
         self._requests: dict[str, _Request] = {}
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one
+        rank. The engine cannot step afterwards. Also runs when the engine is garbage-collected or the
+        interpreter exits."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._finalizer is not None and not self._finalizer.alive
+
+    def _execute(self, out: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
+        """The runner's step, after checking that every rank is there to run it."""
+        if self._workers is not None:
+            if self.closed:
+                raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
+            self._workers.check_alive()
+        return self.runner.execute(out, all_logits)
 
     def _make_proposer(self, backend: str) -> Proposer | None:
         spec = self.config.speculative_config
@@ -117,63 +176,11 @@ class LLMEngine:
             return NgramProposer(spec)
         assert spec.model is not None
         # The draft's pool has a block for every target block plus room for each sequence's lookahead.
+        # Under tensor parallelism the draft runs whole on rank 0 (it is small; workers never see it).
         extra = self.config.seqs_cap * (-(-spec.num_speculative_tokens // self.block_size) + 1)
         return DraftModelProposer(spec.model, self.model_config, self.dtype, self.device, self.num_blocks + extra,
                                   self.block_size, self.max_model_len, self.config.seqs_cap,
                                   self.config.tokens_cap, backend)
-
-    def _calibrate_fp8_scales(self, num_seqs: int = 4, seq_len: int = 256, margin: float = 2.0) -> None:
-        """Static per-layer, per-kv-head fp8 scales from one prefill of seeded random tokens through a
-        temporary model-dtype cache: scale = margin * max|x| / 448, so e4m3 (relative precision, max 448)
-        covers each head's range with room for inputs hotter than the calibration batch."""
-        seq_len = min(seq_len, self.max_model_len)
-        blocks_per_seq = -(-seq_len // self.block_size)
-        caches = allocate_kv_cache(self.model_config, num_seqs * blocks_per_seq, self.block_size, self.dtype,
-                                   self.device)
-        runner = ModelRunner(self.model, caches, self.block_size, num_seqs * seq_len, num_seqs, seq_len,
-                             self.device)
-        gen = torch.Generator().manual_seed(self.config.seed)
-        vocab = min(self.model_config.vocab_size, len(self.tokenizer))
-        params = SamplingParams(temperature=0.0, max_tokens=1)
-        scheduled = []
-        for i in range(num_seqs):
-            ids = torch.randint(0, vocab, (seq_len,), generator=gen).tolist()
-            seq = Sequence(f"calibrate-{i}", i, ids, params, 1)
-            seq.block_table = list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq))
-            scheduled.append(ScheduledSeq(seq, seq_len))
-        attns = [layer.self_attn for layer in self.model.decoder_layers]
-        for a in attns:
-            a.observe, a.k_amax, a.v_amax = True, None, None
-        runner.execute(SchedulerOutput(scheduled))
-        for a in attns:
-            assert a.k_amax is not None and a.v_amax is not None
-            a.k_scale = (a.k_amax * margin / 448.0).clamp(min=1e-8)
-            a.v_scale = (a.v_amax * margin / 448.0).clamp(min=1e-8)
-            a.observe = False
-        log.info("fp8 KV scales calibrated: k_scale in [%.3g, %.3g], v_scale in [%.3g, %.3g]",
-                 min(float(a.k_scale.min()) for a in attns if a.k_scale is not None),
-                 max(float(a.k_scale.max()) for a in attns if a.k_scale is not None),
-                 min(float(a.v_scale.min()) for a in attns if a.v_scale is not None),
-                 max(float(a.v_scale.max()) for a in attns if a.v_scale is not None))
-
-    def _num_kv_blocks(self) -> int:
-        cfg = self.config
-        if cfg.num_kv_blocks is not None:
-            return cfg.num_kv_blocks
-        per_block = bytes_per_block(self.model_config, self.block_size, self.kv_dtype)
-        spec = cfg.speculative_config
-        if spec is not None and spec.model:  # the draft model keeps a cache of as many blocks
-            per_block += bytes_per_block(load_model_config(spec.model), self.block_size, self.dtype)
-        if cfg.kv_cache_memory_bytes is not None:
-            budget = cfg.kv_cache_memory_bytes
-        elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = int(free * cfg.gpu_memory_utilization)
-        else:
-            from governor.engine.config import DEFAULT_CPU_KV_CACHE_BYTES
-
-            budget = DEFAULT_CPU_KV_CACHE_BYTES
-        return max(1, budget // per_block)
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -295,7 +302,7 @@ class LLMEngine:
             if s.seq.first_scheduled_at is None:
                 s.seq.first_scheduled_at = now
         draft_probs = self._propose(out.scheduled)
-        logits = self.runner.execute(out)
+        logits = self._execute(out)
         self.counters["steps"] += 1
         sampling = [s for s in out.scheduled if s.samples]
         rows = torch.tensor([0] + [s.num_logits for s in sampling]).cumsum(0).tolist()
@@ -467,7 +474,7 @@ class LLMEngine:
             while seq.num_computed_tokens < len(token_ids):
                 n = min(chunk, len(token_ids) - seq.num_computed_tokens)
                 self.scheduler.allocate(seq, n)
-                rows.append(self.runner.execute(SchedulerOutput([ScheduledSeq(seq, n)]), all_logits=True))
+                rows.append(self._execute(SchedulerOutput([ScheduledSeq(seq, n)]), all_logits=True))
                 seq.num_computed_tokens += n
         finally:
             self.block_pool.free(seq.block_table[::-1])
@@ -492,6 +499,19 @@ class LLMEngine:
             "requests_waiting": len(self.scheduler.waiting),
             **self.counters,
         }
+
+
+def _stop_workers(tp: TPGroup, workers: WorkerProcesses) -> None:
+    """Send the shutdown (when every worker can still take it), leave the groups as the workers do, and
+    wait for them to exit."""
+    if workers.all_alive():
+        try:
+            broadcast_shutdown(tp)
+        except Exception as e:  # a worker went away meanwhile (it failed as rank 0 did): the join ends the rest
+            log.warning("could not send the shutdown to every tensor-parallel worker: %s", str(e).splitlines()[0])
+    # Before the join: tearing NCCL down may wait for every rank to do it too.
+    destroy_tp_group(tp)
+    workers.join()
 
 
 def _resolve_device(device: str) -> str:

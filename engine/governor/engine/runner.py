@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
+
 import numpy as np
 import torch
 
 from governor.engine.attention import AttentionMetadata
 from governor.engine.models.llama import CausalLM
 from governor.engine.scheduler import SchedulerOutput
+from governor.engine.tp.group import TPGroup
+
+# Control messages from rank 0 to tensor-parallel workers, int64: a header [command, *StepShape] then, for
+# a step, the staged buffers it uses (`_payload_parts`). The first broadcast has a fixed size and carries
+# the header and as much payload as fits, so a typical decode step costs one broadcast; a second one
+# carries the rest of a larger step.
+_SHUTDOWN, _STEP = 0, 1
+_HEADER_LEN = 7
+_FIRST_MESSAGE_LEN = 2048
+
+
+@dataclass
+class StepShape:
+    """The sizes of a staged step: with the staged host buffers, all a forward needs."""
+
+    num_tokens: int
+    num_seqs: int
+    num_decodes: int  # leading sequences with one query token
+    max_query_len: int
+    num_logits: int
+    table_width: int  # block-table columns any sequence of the step uses
 
 
 class ModelRunner:
@@ -15,12 +38,17 @@ class ModelRunner:
 
     Host-side staging arrays are filled with numpy and copied to the device in one transfer per buffer,
     so the shapes a step sees depend only on the batch, never on Python-side allocation.
+
+    With a tensor-parallel group (`tp`, size > 1) the runner on rank 0 leads: after staging a step it
+    broadcasts the staged buffers over the control group, and each worker's runner (`follow`) receives
+    them into its own buffers and runs the same forward on its shard. Only rank 0 computes logits.
     """
 
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
                  max_num_tokens: int, max_num_seqs: int, max_model_len: int, device: torch.device,
-                 max_spec_tokens: int = 0) -> None:
+                 max_spec_tokens: int = 0, tp: TPGroup | None = None) -> None:
         self.model = model
+        self.tp = tp if tp is not None and tp.size > 1 else None
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -49,9 +77,16 @@ class ModelRunner:
         self.qsl = dev(max_num_seqs + 1, dtype=torch.int32)
         self.prefill_qsl = dev(max_num_seqs + 1, dtype=torch.int32)
         self.logits_idx = dev(self.max_logits, dtype=torch.int64)
+        # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
+        self._uploaded: torch.cuda.Event | None = None
 
-    def prepare(self, out: SchedulerOutput) -> tuple[int, int, AttentionMetadata]:
-        """Fill the buffers for this step. Returns (num_tokens, num_logit_rows, metadata)."""
+    def _wait_for_uploads(self) -> None:
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+
+    def stage(self, out: SchedulerOutput) -> StepShape:
+        """Fill the host buffers for this step."""
+        self._wait_for_uploads()
         ids, pos, slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
         bt, lens, qsl = self.h_block_tables.numpy(), self.h_seq_lens.numpy(), self.h_qsl.numpy()
         lidx = self.h_logits_idx.numpy()
@@ -60,6 +95,7 @@ class ModelRunner:
         n_sample = 0
         num_decodes = 0
         max_q = 0
+        width = 0
         qsl[0] = 0
         for i, s in enumerate(out.scheduled):
             seq, n = s.seq, s.num_new_tokens
@@ -72,6 +108,7 @@ class ModelRunner:
             pos[t:t + n] = p
             slots[t:t + n] = table[p // bs] * bs + p % bs
             bt[i, :len(table)] = table
+            width = max(width, len(table))
             lens[i] = start + n
             t += n
             qsl[i + 1] = t
@@ -81,7 +118,11 @@ class ModelRunner:
             m = s.num_logits
             lidx[n_sample:n_sample + m] = np.arange(t - m, t)
             n_sample += m
-        b = len(out.scheduled)
+        return StepShape(t, len(out.scheduled), num_decodes, max_q, n_sample, width)
+
+    def _upload(self, shape: StepShape) -> AttentionMetadata:
+        """Copy the staged buffers to the device; the step's attention metadata."""
+        t, b, num_decodes, n_sample = shape.num_tokens, shape.num_seqs, shape.num_decodes, shape.num_logits
         self._copy(self.input_ids, self.h_input_ids, t)
         self._copy(self.positions, self.h_positions, t)
         self._copy(self.slots, self.h_slots, t)
@@ -89,29 +130,93 @@ class ModelRunner:
         self._copy(self.seq_lens, self.h_seq_lens, b)
         self._copy(self.qsl, self.h_qsl, b + 1)
         self._copy(self.logits_idx, self.h_logits_idx, n_sample)
-        nd_tokens = int(qsl[num_decodes])
+        if self.device.type == "cuda":
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+        nd_tokens = int(self.h_qsl[num_decodes])
         torch.sub(self.qsl[num_decodes:b + 1], nd_tokens, out=self.prefill_qsl[:b + 1 - num_decodes])
-        meta = AttentionMetadata(
+        return AttentionMetadata(
             slot_mapping=self.slots[:t],
             block_tables=self.block_tables[:b],
             seq_lens=self.seq_lens[:b],
             query_start_loc=self.qsl[:b + 1],
             num_decodes=num_decodes,
             num_decode_tokens=nd_tokens,
-            max_query_len=max_q,
+            max_query_len=shape.max_query_len,
             prefill_query_start_loc=self.prefill_qsl[:b + 1 - num_decodes],
         )
-        return t, n_sample, meta
 
     @staticmethod
     def _copy(dst: torch.Tensor, src: torch.Tensor, n: int) -> None:
         dst[:n].copy_(src[:n], non_blocking=True)
 
+    def _forward(self, shape: StepShape) -> torch.Tensor:
+        meta = self._upload(shape)
+        t = shape.num_tokens
+        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
+
+    def hidden_states(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run a step on this rank alone (never broadcast) and return the final hidden states [T, hidden]:
+        for work every rank stages identically by itself, such as fp8 calibration."""
+        return self._forward(self.stage(out))
+
     def execute(self, out: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
         """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
         plus one per draft token of a speculative decode; or every scheduled token when `all_logits`."""
-        t, n_sample, meta = self.prepare(out)
-        hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
+        shape = self.stage(out)
+        if self.tp is not None:
+            self._lead(shape)
+        hidden = self._forward(shape)
         if all_logits:
             return self.model.compute_logits(hidden)
-        return self.model.compute_logits(hidden[self.logits_idx[:n_sample]])
+        return self.model.compute_logits(hidden[self.logits_idx[:shape.num_logits]])
+
+    # --- tensor parallelism: rank 0 leads, workers follow ---------------------------------------
+
+    def _payload_parts(self, shape: StepShape) -> list[np.ndarray]:
+        """Views of the staged host buffers a step uses, in payload order."""
+        t, b, w = shape.num_tokens, shape.num_seqs, shape.table_width
+        return [self.h_input_ids.numpy()[:t], self.h_positions.numpy()[:t], self.h_slots.numpy()[:t],
+                self.h_seq_lens.numpy()[:b], self.h_qsl.numpy()[:b + 1], self.h_block_tables.numpy()[:b, :w]]
+
+    def _lead(self, shape: StepShape) -> None:
+        """Rank 0: broadcast the staged step to the workers."""
+        assert self.tp is not None
+        message = np.concatenate([np.array([_STEP, *astuple(shape)], dtype=np.int64),
+                                  *(p.ravel() for p in self._payload_parts(shape))])
+        first = np.zeros(_FIRST_MESSAGE_LEN, dtype=np.int64)
+        head = message[:_FIRST_MESSAGE_LEN]
+        first[:head.size] = head
+        self.tp.broadcast(torch.from_numpy(first))
+        if message.size > _FIRST_MESSAGE_LEN:
+            self.tp.broadcast(torch.from_numpy(message[_FIRST_MESSAGE_LEN:]))
+
+    def follow(self) -> bool:
+        """A worker's half of one step: receive rank 0's staged step and run the forward on this shard.
+        Returns False when rank 0 sent the shutdown instead."""
+        assert self.tp is not None
+        first = torch.empty(_FIRST_MESSAGE_LEN, dtype=torch.int64)
+        self.tp.broadcast(first)
+        command, *sizes = first[:_HEADER_LEN].tolist()
+        if command == _SHUTDOWN:
+            return False
+        shape = StepShape(*sizes)
+        parts = self._payload_parts(shape)
+        size = _HEADER_LEN + sum(p.size for p in parts)
+        message = first
+        if size > _FIRST_MESSAGE_LEN:
+            rest = torch.empty(size - _FIRST_MESSAGE_LEN, dtype=torch.int64)
+            self.tp.broadcast(rest)
+            message = torch.cat([first, rest])
+        self._wait_for_uploads()
+        flat, at = message.numpy(), _HEADER_LEN
+        for p in parts:
+            p[...] = flat[at:at + p.size].reshape(p.shape)
+            at += p.size
+        self._forward(shape)
+        return True
+
+
+def broadcast_shutdown(tp: TPGroup) -> None:
+    """Rank 0: tell every worker runner to leave its step loop (`follow` returns False)."""
+    tp.broadcast(torch.zeros(_FIRST_MESSAGE_LEN, dtype=torch.int64))  # command 0

@@ -139,7 +139,9 @@ class Scheduler:
         """Register seq's newly completed blocks in the prefix index (after its step ran)."""
         if not self.enable_prefix_caching or seq.cache_seed is None:
             return
-        full = seq.num_computed_tokens // self.block_size
+        # Accepted draft tokens are computed before they join the sequence's tokens: a block is hashed,
+        # and so cached, once its tokens are known (at the next settle).
+        full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
         if full > seq.num_cached_blocks:
             hashes = self._hashes(seq)
             for i in range(seq.num_cached_blocks, full):

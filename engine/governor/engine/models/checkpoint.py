@@ -6,9 +6,13 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from safetensors import safe_open
+
+from governor.engine.models.make_model import hf_tensor_shapes, init_tensor
+from governor.engine.models.model_config import ModelConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja")
@@ -28,16 +32,53 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}; "
-                                "only safetensors checkpoints are supported")
+                                "only safetensors checkpoints are supported (load_format 'dummy' runs random "
+                                "weights of config.json's shapes instead)")
     return files
 
 
-def iter_weights(model_dir: str | Path, device: str | torch.device = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor in the checkpoint, one shard open at a time."""
+class LazyTensor(Protocol):
+    """A checkpoint tensor not read yet: its shape, and indexing reads only the part asked for (a
+    tensor-parallel rank reads just its shard). Valid until the iterator that yielded it moves on."""
+
+    def get_shape(self) -> list[int]: ...
+
+    def __getitem__(self, index: Any) -> torch.Tensor: ...
+
+
+def iter_weights(model_dir: str | Path) -> Iterator[tuple[str, LazyTensor]]:
+    """Yield (name, lazy tensor) for every tensor in the checkpoint, one shard file open at a time."""
     for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
+
+
+class _InMemory:
+    """A LazyTensor over a tensor already in memory."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def get_shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        return self.tensor[index]
+
+
+def dummy_weights(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device,
+                  seed: int) -> Iterator[tuple[str, LazyTensor]]:
+    """Random weights with the checkpoint's tensor names and shapes, one tensor at a time, drawn by
+    `governor make-model`'s recipe (N(0, 0.02), norms 1): the same seed on the same device type gives
+    the values `make-model --seed` writes, and every tensor-parallel size sees the same full tensors."""
+    shapes = hf_tensor_shapes(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                              intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
+                              num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                              qkv_bias=cfg.attention_bias, qk_norm=cfg.qk_norm,
+                              tie_word_embeddings=cfg.tie_word_embeddings)
+    for name, shape in shapes.items():
+        yield name, _InMemory(init_tensor(name, shape, dtype, str(device), seed))
 
 
 def _digest(paths: list[Path]) -> str:
@@ -50,9 +91,14 @@ def _digest(paths: list[Path]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def model_digest(model_dir: str | Path) -> str:
-    """Digest of the weights' contents and config.json: the model's identity."""
+def model_digest(model_dir: str | Path, dummy_seed: int | None = None) -> str:
+    """Digest of the weights' contents and config.json: the model's identity. With `dummy_seed` (load
+    format "dummy") the weights are drawn from that seed instead of read, so the seed stands in for them."""
     model_dir = Path(model_dir)
+    if dummy_seed is not None:
+        h = hashlib.sha256(f"dummy-weights:{dummy_seed}\0".encode())
+        h.update((model_dir / "config.json").read_bytes())
+        return "sha256:" + h.hexdigest()
     return _digest([model_dir / "config.json", *weight_files(model_dir)])
 
 

@@ -3,6 +3,10 @@
 The batch is flattened: `input_ids` and `positions` are [T] for all scheduled tokens of all sequences;
 attention reads and writes the paged cache through `AttentionMetadata`. Layers follow Hugging Face's
 math exactly (fp32 RMSNorm statistics, rotate-half rotary) so fp32 outputs match transformers.
+
+Under tensor parallelism the model is built from the rank's `shard_config` (its share of the heads and
+MLP columns, tp/sharding.py) and `load_weights` reads only that rank's slice of each checkpoint tensor;
+o_proj and down_proj outputs are partial sums, completed by an all-reduce over the ranks.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from governor.engine.attention import AttentionMetadata, PagedAttention
+from governor.engine.models.checkpoint import LazyTensor
 from governor.engine.models.model_config import ModelConfig, RopeConfig
+from governor.engine.tp.group import SINGLE, TPGroup
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -75,8 +81,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
+                 tp: TPGroup) -> None:
         super().__init__()
+        self.tp = tp
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -114,12 +122,13 @@ class Attention(nn.Module):
         if self.observe:
             self._observe(k, v)
         out = self.backend(q, k, v, kv_cache, meta, self.k_scale, self.v_scale)
-        return F.linear(out.reshape(-1, self.q_size), self.o_weight)
+        return self.tp.all_reduce(F.linear(out.reshape(-1, self.q_size), self.o_weight))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup) -> None:
         super().__init__()
+        self.tp = tp
         self.intermediate = cfg.intermediate_size
         # gate and up projections fused: rows [gate | up].
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
@@ -127,31 +136,38 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_weight))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
+                 tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device, backend)
+        self.self_attn = Attention(cfg, dtype, device, backend, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = MLP(cfg, dtype, device)
+        self.mlp = MLP(cfg, dtype, device, tp)
 
 
 class CausalLM(nn.Module):
-    """Decoder-only transformer of the Llama family; forward over a flattened, paged batch."""
+    """Decoder-only transformer of the Llama family; forward over a flattened, paged batch.
+
+    `cfg` is the rank's share of the model (`shard_config`; the whole model when `tp` is SINGLE).
+    `lm_head=False` leaves the output projection out (tensor-parallel workers never compute logits)."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
-                 backend: PagedAttention) -> None:
+                 backend: PagedAttention, tp: TPGroup = SINGLE, lm_head: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
+        self.tp = tp
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend) for _ in range(cfg.num_layers)]
+        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp) for _ in range(cfg.num_layers)]
         self.layers = nn.ModuleList(self.decoder_layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
-                        else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
+        self.lm_head: torch.Tensor | None = None
+        if lm_head:
+            self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
+                            else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
         self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, device)
 
     @torch.inference_mode()
@@ -166,11 +182,17 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            raise RuntimeError("this model was built without lm_head (a tensor-parallel worker): it computes "
+                               "no logits")
         return F.linear(hidden, self.lm_head).float()
 
     @torch.inference_mode()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into the fused parameters; every parameter must be filled."""
+    def load_weights(self, weights: Iterable[tuple[str, LazyTensor]]) -> None:
+        """Copy Hugging Face-named tensors into the fused parameters; every parameter must be filled.
+
+        A split tensor (column-parallel: dim 0, row-parallel: dim 1) is read only in this rank's slice:
+        block `tp.rank` of `tp.size` equal blocks."""
         cfg = self.cfg
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         inter = cfg.intermediate_size
@@ -182,48 +204,63 @@ class CausalLM(nn.Module):
         layer_re = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp|input_layernorm|post_attention_layernorm)"
                               r"(?:\.(\w+))?\.(weight|bias)$")
         for hf_name, tensor in weights:
-            target, rows = self._target(hf_name, layer_re, fused_rows)
+            target, rows, split_dim = self._target(hf_name, layer_re, fused_rows)
             if target is None:
-                if "rotary_emb" in hf_name or (hf_name == "lm_head.weight" and cfg.tie_word_embeddings):
+                if "rotary_emb" in hf_name or (hf_name == "lm_head.weight"
+                                               and (cfg.tie_word_embeddings or self.lm_head is None)):
                     continue
                 raise ValueError(f"unexpected tensor {hf_name!r} in checkpoint for {cfg.architecture}")
             param = self.get_parameter(target)
             dest = param.data if rows is None else param.data[rows[0]:rows[1]]
-            if dest.shape != tensor.shape:
-                raise ValueError(f"tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
-                                 f"expected {tuple(dest.shape)} from config.json")
-            dest.copy_(tensor)
+            dest.copy_(self._read_shard(hf_name, tensor, tuple(dest.shape), split_dim))
             pending[target] -= dest.shape[0] if rows is not None else 1
         missing = [n for n, left in pending.items() if left > 0]
         if missing:
             raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
                              + (" ..." if len(missing) > 8 else ""))
 
-    def _target(self, hf_name: str, layer_re: re.Pattern[str],
-                fused_rows: dict[str, tuple[int, int]]) -> tuple[str | None, tuple[int, int] | None]:
+    def _read_shard(self, hf_name: str, tensor: LazyTensor, dest_shape: tuple[int, ...],
+                    split_dim: int | None) -> torch.Tensor:
+        """Read this rank's part of `tensor` (all of it when it is replicated or there is one rank)."""
+        full = list(dest_shape)
+        if split_dim is not None:
+            full[split_dim] *= self.tp.size
+        if list(tensor.get_shape()) != full:
+            raise ValueError(f"tensor {hf_name!r} has shape {tuple(tensor.get_shape())}, "
+                             f"expected {tuple(full)} from config.json")
+        if split_dim is None or self.tp.size == 1:
+            return tensor[:]
+        n = dest_shape[split_dim]
+        return tensor[(slice(None),) * split_dim + (slice(self.tp.rank * n, (self.tp.rank + 1) * n),)]
+
+    def _target(self, hf_name: str, layer_re: re.Pattern[str], fused_rows: dict[str, tuple[int, int]]
+                ) -> tuple[str | None, tuple[int, int] | None, int | None]:
+        """(parameter, its rows this tensor fills or None for all, the dim the tensor is split along
+        across ranks or None when replicated)."""
         if hf_name == "model.embed_tokens.weight":
-            return "embed_tokens", None
+            return "embed_tokens", None, None
         if hf_name == "model.norm.weight":
-            return "norm.weight", None
+            return "norm.weight", None, None
         if hf_name == "lm_head.weight":
-            return (None, None) if self.cfg.tie_word_embeddings else ("lm_head", None)
+            return (None, None, None) if self.cfg.tie_word_embeddings or self.lm_head is None else ("lm_head", None,
+                                                                                                     None)
         m = layer_re.match(hf_name)
         if m is None:
-            return None, None
+            return None, None, None
         i, block, sub, kind = m.group(1), m.group(2), m.group(3), m.group(4)
         prefix = f"layers.{i}."
         if block in ("input_layernorm", "post_attention_layernorm"):
-            return prefix + f"{block}.weight", None
+            return prefix + f"{block}.weight", None, None
         if block == "self_attn":
             if sub in ("q_proj", "k_proj", "v_proj"):
-                return prefix + f"self_attn.qkv_{kind}", fused_rows[sub]
+                return prefix + f"self_attn.qkv_{kind}", fused_rows[sub], 0
             if sub == "o_proj" and kind == "weight":
-                return prefix + "self_attn.o_weight", None
+                return prefix + "self_attn.o_weight", None, 1
             if sub in ("q_norm", "k_norm") and self.cfg.qk_norm:
-                return prefix + f"self_attn.{sub}.weight", None
+                return prefix + f"self_attn.{sub}.weight", None, None
         if block == "mlp":
             if sub in ("gate_proj", "up_proj") and kind == "weight":
-                return prefix + "mlp.gate_up_weight", fused_rows[sub]
+                return prefix + "mlp.gate_up_weight", fused_rows[sub], 0
             if sub == "down_proj" and kind == "weight":
-                return prefix + "mlp.down_weight", None
-        return None, None
+                return prefix + "mlp.down_weight", None, 1
+        return None, None, None

@@ -25,11 +25,11 @@ from governor.engine.models import tokenizer_builder
 log = logging.getLogger(__name__)
 
 ARCHS = ("llama", "qwen2", "qwen3")
-PRESETS = ("tiny", "small", "qwen3-0.6b", "llama3-8b")
+PRESETS = ("tiny", "small", "qwen3-0.6b", "llama3-8b", "llama3-70b")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-# Llama 3.1's long-context RoPE, given to arch llama at the llama3-8b preset.
+# Llama 3.1's long-context RoPE, given to arch llama at the llama3-8b and llama3-70b presets.
 _LLAMA3_ROPE_SCALING = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -61,6 +61,8 @@ _PRESETS = {
     "small": _Preset(256, 4, 8, 2, 32, 512, 4096, 10000.0, 1e-6, None, None),
     "qwen3-0.6b": _Preset(1024, 28, 16, 8, 128, 3072, 40960, 1_000_000.0, 1e-6, 151936, True),
     "llama3-8b": _Preset(4096, 32, 32, 8, 128, 14336, 131072, 500_000.0, 1e-5, 128256, False),
+    # 140 GB in bf16: meant for config-only directories (weights=False) run with load_format "dummy".
+    "llama3-70b": _Preset(8192, 80, 64, 8, 128, 28672, 131072, 500_000.0, 1e-5, 128256, False),
 }
 assert tuple(_PRESETS) == PRESETS
 
@@ -88,7 +90,7 @@ def preset_config(arch: str, preset: str, vocab_size: int, dtype: str = "bfloat1
     else:
         config_vocab = p.vocab_size
     tie = arch != "llama" if p.tie_word_embeddings is None else p.tie_word_embeddings
-    rope_scaling = _LLAMA3_ROPE_SCALING if arch == "llama" and preset == "llama3-8b" else None
+    rope_scaling = _LLAMA3_ROPE_SCALING if arch == "llama" and preset in ("llama3-8b", "llama3-70b") else None
     config: dict[str, Any] = {
         "architectures": [_ARCHITECTURE[arch]],
         "model_type": arch,
@@ -129,31 +131,41 @@ def preset_config(arch: str, preset: str, vocab_size: int, dtype: str = "bfloat1
 
 
 def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every tensor of the checkpoint, named as Hugging Face names it, in module order."""
-    arch = config["model_type"]
-    hidden, head_dim = config["hidden_size"], config["head_dim"]
-    q_size = config["num_attention_heads"] * head_dim
-    kv_size = config["num_key_value_heads"] * head_dim
-    inter = config["intermediate_size"]
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config["vocab_size"], hidden)}
-    for i in range(config["num_hidden_layers"]):
+    """Every tensor of the checkpoint `config` (a `preset_config`) describes, named as Hugging Face
+    names it, in module order."""
+    return hf_tensor_shapes(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
+                            intermediate_size=config["intermediate_size"], num_layers=config["num_hidden_layers"],
+                            num_heads=config["num_attention_heads"], num_kv_heads=config["num_key_value_heads"],
+                            head_dim=config["head_dim"], qkv_bias=config["model_type"] == "qwen2",
+                            qk_norm=config["model_type"] == "qwen3",
+                            tie_word_embeddings=config["tie_word_embeddings"])
+
+
+def hf_tensor_shapes(*, vocab_size: int, hidden_size: int, intermediate_size: int, num_layers: int, num_heads: int,
+                     num_kv_heads: int, head_dim: int, qkv_bias: bool, qk_norm: bool,
+                     tie_word_embeddings: bool) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Llama-family checkpoint of these shapes, named as Hugging Face names it, in
+    module order (also the engine's load format "dummy")."""
+    hidden, q_size, kv_size = hidden_size, num_heads * head_dim, num_kv_heads * head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab_size, hidden)}
+    for i in range(num_layers):
         layer = f"model.layers.{i}"
         for proj, size in (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)):
             shapes[f"{layer}.self_attn.{proj}.weight"] = (size, hidden)
-            if arch == "qwen2":
+            if qkv_bias:
                 shapes[f"{layer}.self_attn.{proj}.bias"] = (size,)
         shapes[f"{layer}.self_attn.o_proj.weight"] = (hidden, q_size)
-        if arch == "qwen3":
+        if qk_norm:
             shapes[f"{layer}.self_attn.q_norm.weight"] = (head_dim,)
             shapes[f"{layer}.self_attn.k_norm.weight"] = (head_dim,)
-        shapes[f"{layer}.mlp.gate_proj.weight"] = (inter, hidden)
-        shapes[f"{layer}.mlp.up_proj.weight"] = (inter, hidden)
-        shapes[f"{layer}.mlp.down_proj.weight"] = (hidden, inter)
+        shapes[f"{layer}.mlp.gate_proj.weight"] = (intermediate_size, hidden)
+        shapes[f"{layer}.mlp.up_proj.weight"] = (intermediate_size, hidden)
+        shapes[f"{layer}.mlp.down_proj.weight"] = (hidden, intermediate_size)
         shapes[f"{layer}.input_layernorm.weight"] = (hidden,)
         shapes[f"{layer}.post_attention_layernorm.weight"] = (hidden,)
     shapes["model.norm.weight"] = (hidden,)
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    if not tie_word_embeddings:
+        shapes["lm_head.weight"] = (vocab_size, hidden)
     return shapes
 
 
@@ -171,7 +183,8 @@ def _plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]
     return shards
 
 
-def _init_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) -> torch.Tensor:
+def init_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int) -> torch.Tensor:
+    """The value make-model gives tensor `name`: ones for norms, else N(0, 0.02) drawn from (seed, name)."""
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype, device=device)
     # One generator per tensor, seeded from (seed, name): a tensor's values do not depend on the
@@ -205,7 +218,7 @@ def _write_weights(out_dir: Path, config: dict[str, Any], dtype: torch.dtype, de
         log.info("writing %s (%d tensors, %.2f GB)", filename, len(names),
                  sum(sizes[n] for n in names) / 1e9)
         # Only this shard's tensors live in host memory at once.
-        tensors = {name: _init_tensor(name, shapes[name], dtype, device, seed).cpu() for name in names}
+        tensors = {name: init_tensor(name, shapes[name], dtype, device, seed).cpu() for name in names}
         save_file(tensors, str(out_dir / filename), metadata={"format": "pt"})
         # safetensors creates files owner-only; an engine pod running as another user must read them.
         (out_dir / filename).chmod(0o644)
@@ -228,6 +241,7 @@ def make_model(
     seed: int = 0,
     device: str = "cpu",
     max_shard_bytes: int = 5 * 2**30,
+    weights: bool = True,
 ) -> Path:
     """Write a random-weight Hugging Face checkpoint of family `arch` and shapes `preset` to `out_dir`.
 
@@ -236,7 +250,8 @@ def make_model(
     arguments write byte-identical files. Past `max_shard_bytes` the weights are split into
     model-0000k-of-0000N.safetensors shards with model.safetensors.index.json, written one shard at
     a time. Also writes config.json, generation_config.json and the tokenizer files
-    (`tokenizer_builder`). Existing weight files in `out_dir` are replaced. Returns `out_dir`.
+    (`tokenizer_builder`). Existing weight files in `out_dir` are replaced. With `weights=False` no
+    weights are written (a config-only directory for the engine's load_format "dummy"). Returns `out_dir`.
     """
     config = preset_config(arch, preset, tokenizer_builder.VOCAB_SIZE, dtype)
     if max_shard_bytes <= 0:
@@ -245,7 +260,10 @@ def make_model(
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").unlink(missing_ok=True)
     tokenizer_builder.write_tokenizer(out, model_max_length=config["max_position_embeddings"])
-    _write_weights(out, config, DTYPES[dtype], device, seed, max_shard_bytes)
+    if weights:
+        _write_weights(out, config, DTYPES[dtype], device, seed, max_shard_bytes)
+    else:
+        _remove_old_weights(out)
     # config.json last: a directory left by an interrupted run is not taken for a checkpoint.
     _write_json(out / "generation_config.json", {
         "bos_token_id": tokenizer_builder.BOS_ID,

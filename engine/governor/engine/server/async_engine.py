@@ -59,9 +59,14 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self) -> None:
+        """Stop the step thread, then close the engine (its tensor-parallel workers)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        if self._thread.is_alive():  # a step still running: closing now would race it; exit ends the workers
+            log.warning("the engine step thread did not stop within 10 s; leaving the engine to process exit")
+            return
+        self.engine.close()
 
     @property
     def num_in_flight(self) -> int:

@@ -44,7 +44,7 @@ class DraftModelProposer:
         self.block_size = block_size
         self.model = CausalLM(self.config, dtype, device, max_model_len,
                               PagedAttention(attention_backend, self.config.head_dim ** -0.5))
-        self.model.load_weights(iter_weights(model_dir, device))
+        self.model.load_weights(iter_weights(model_dir))
         self.pool = BlockPool(num_blocks)
         self.kv_caches = allocate_kv_cache(self.config, num_blocks, block_size, dtype, device)
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, max_num_tokens, max_num_seqs,
