@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from governor.loadgen.cli import main as bench_serve_main
 
         return bench_serve_main(args[2:])
+    if args[0] == "demo":
+        from governor.demo import main as demo_main
+
+        return demo_main(args[1:])
     if args[0] == "tune":
         from governor.tuner.cli import main as tune_main
 
