@@ -3,7 +3,8 @@
 This module is torch-free so the operator image (no torch) can run `governor operator`.
 Engine subcommands are dispatched to `governor.engine.cli`, which imports torch lazily;
 `bench serve` (a load generator for OpenAI-compatible servers) goes to the torch-free `governor.loadgen.cli`,
-`tune` (the SLO controller) to the torch-free `governor.tuner.cli`.
+`tune` (the SLO controller) to the torch-free `governor.tuner.cli`, `crds` to the torch-free
+`governor.operator.crds`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  generate     offline generation with the engine")
         print("  tune         the SLO controller: `governor tune simulate --scenario NAME --out DIR`, `tune run`")
         print("  demo         the whole loop on this machine: `governor demo --duration S --out DIR`")
+        print("  crds         regenerate the InferenceService CRD: `governor crds [--out-dir DIR ...]`")
         return 0 if args else 2
     if args[:2] == ["bench", "serve"]:  # checked before the engine's `bench`: the load generator needs no torch
         from governor.loadgen.cli import main as bench_serve_main
@@ -37,12 +39,16 @@ def main(argv: list[str] | None = None) -> int:
         from governor.tuner.cli import main as tune_main
 
         return tune_main(args[1:])
+    if args[0] == "crds":
+        from governor.operator.crds import main as crds_main
+
+        return crds_main(args[1:])
     if args[0] in ENGINE_COMMANDS:
         from governor.engine.cli import main as engine_main
 
         return engine_main(args)
-    print(f"governor: unknown command {args[0]!r}; expected one of {', '.join((*ENGINE_COMMANDS, 'tune'))}",
-          file=sys.stderr)
+    known = ", ".join((*ENGINE_COMMANDS, "tune", "demo", "crds"))
+    print(f"governor: unknown command {args[0]!r}; expected one of {known}", file=sys.stderr)
     return 2
 
 
