@@ -25,12 +25,17 @@ def main(argv: list[str] | None = None) -> int:
         print("  generate     offline generation with the engine")
         print("  tune         the SLO controller: `governor tune simulate --scenario NAME --out DIR`, `tune run`")
         print("  demo         the whole loop on this machine: `governor demo --duration S --out DIR`")
+        print("  operator     the kopf operator for InferenceService: `governor operator [-A | -n NS]`")
         print("  crds         regenerate the InferenceService CRD: `governor crds [--out-dir DIR ...]`")
         return 0 if args else 2
     if args[:2] == ["bench", "serve"]:  # checked before the engine's `bench`: the load generator needs no torch
         from governor.loadgen.cli import main as bench_serve_main
 
         return bench_serve_main(args[2:])
+    if args[0] == "operator":
+        from governor.operator.main import main as operator_main
+
+        return operator_main(args[1:])
     if args[0] == "demo":
         from governor.demo import main as demo_main
 
@@ -47,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from governor.engine.cli import main as engine_main
 
         return engine_main(args)
-    known = ", ".join((*ENGINE_COMMANDS, "tune", "demo", "crds"))
+    known = ", ".join((*ENGINE_COMMANDS, "tune", "demo", "crds", "operator"))
     print(f"governor: unknown command {args[0]!r}; expected one of {known}", file=sys.stderr)
     return 2
 

@@ -1,0 +1,64 @@
+"""kopf handlers for InferenceService: thin — fetch, call `reconcile`, patch status, post Events.
+
+Run with `governor operator [kopf run flags, e.g. -A or -n NS]` (standalone: no peering objects).
+Create, update and resume all reconcile; a timer reconciles every `GOVERNOR_RECONCILE_INTERVAL_S`
+seconds (default 30) so that manual drift in a child is corrected. Exceptions are retried by kopf with
+back-off; the operator process never exits on a bad object.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import kopf
+import kubernetes
+
+from governor.operator.api import GROUP, PLURAL, VERSION
+from governor.operator.reconcile import reconcile
+
+INTERVAL_S = float(os.environ.get("GOVERNOR_RECONCILE_INTERVAL_S", "30"))
+POD_MONITOR = os.environ.get("GOVERNOR_POD_MONITOR", "auto")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = 20  # INFO and up become Events
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+def _pod_monitor_available() -> bool:
+    if POD_MONITOR in ("true", "false"):
+        return POD_MONITOR == "true"
+    try:
+        groups = kubernetes.client.ApisApi().get_api_versions().groups or []
+    except kubernetes.client.exceptions.ApiException:
+        return False
+    return any(g.name == "monitoring.coreos.com" for g in groups)
+
+
+def _run(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger) -> None:
+    meta = body["metadata"]
+    outcome = reconcile(meta["name"], meta["namespace"], meta["uid"], int(meta.get("generation") or 1),
+                        body.get("spec"), body.get("status") or {}, pod_monitor=_pod_monitor_available())
+    for key, value in outcome.status.items():
+        patch.status[key] = value
+    for reason, message, type_ in outcome.events:
+        kopf.event(body, type=type_, reason=reason, message=message)
+        logger.info("%s: %s", reason, message)
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    _run(body, patch, logger)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL_S, initial_delay=INTERVAL_S, idle=None)
+def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    _run(body, patch, logger)

@@ -1,0 +1,376 @@
+"""The desired children of an InferenceService, as plain Kubernetes manifests: a pure function of
+(metadata, spec, status), with no I/O. Handlers fetch, call `render`, apply, and report.
+
+What is rendered, per service `<name>`:
+- Deployment `<name>-<revision>`: one per revision (canary and stable live side by side), selected by the
+  service and revision labels;
+- Service `<name>`: ClusterIP on port 8000, selected by the service label only, so stable and canary pods
+  both receive traffic (their replica counts set the split);
+- ConfigMap `<name>-engine-config`: the engine arguments as JSON for humans and drift checks, the revision,
+  and the starting knob values the pods read at start;
+- PodMonitor `<name>` (Prometheus Operator), when asked for.
+The admin-token Secret is not rendered: the operator creates it once with a random token (`admin_secret`)
+and never re-renders it, so the token does not change under running pods.
+
+Revision identity (`revision_hash`): what changes the pod template — the model, the engine settings
+except the knobs, and the knob hard caps — hashed; the knobs are tuned live and never change it.
+
+Knobs are tuned live (through the admin API) and their tuned values live in status, so new pods must start
+with them, yet a knob change must not roll the pods. So the Deployment never holds knob values: its args
+say `--max-num-seqs $(GOVERNOR_KNOB_MAX_NUM_SEQS)`, and the kubelet expands that at container start from
+an env var read from the ConfigMap, which `render` fills from status.tuning.knobs, else spec.engine.knobs,
+else the cap. Updating the ConfigMap restarts nothing. The speculation depth K has no start flag (the
+engine starts at the speculative hard cap); its starting value is in the ConfigMap's `engine.json` for the
+operator to apply through the admin API once a pod is ready.
+
+Hard caps: the engine's cap of a knob defaults to its starting value, which would pin a tuned-down pod
+after a restart. So the caps are always given: `spec.autotune.bounds.<knob>.max`, else the tuner's default
+range's max (the engine's own defaults, 256 and 8192). Starting values above the cap are clamped to it;
+to start higher, raise the bound.
+
+Model sources (`spec.model.uri`, and `speculative.draftModel` the same way):
+- `/path`: used as is (the user mounts it, e.g. through the node or an image);
+- `pvc://claim/path`: the claim is mounted read-only at /models/<claim>, the model is /models/<claim>/<path>;
+- `hf://org/name@rev`: an init container, from the engine image, downloads the repository with
+  `huggingface_hub.snapshot_download` into the emptyDir `model-cache` at /models/hf/org/name. This needs
+  network access from the pod to the Hub (or HF_ENDPOINT), huggingface_hub in the engine image, and
+  for gated repositories an HF_TOKEN, which is not rendered here. The download repeats on every pod start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from governor import contract
+from governor.operator.api import API_VERSION, KIND, InferenceServiceSpec, parse_model_uri
+
+PORT = 8000
+PORT_NAME = "http"
+DRAIN_GRACE_S = 30
+TERMINATION_GRACE_S = DRAIN_GRACE_S + 15  # the drain, then time for uvicorn and the process to exit
+MODELS_DIR = "/models"
+HF_DIR = f"{MODELS_DIR}/hf"
+MODEL_CACHE_VOLUME = "model-cache"
+SHM_VOLUME = "dshm"
+CONTAINER = "engine"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_SERVICE = "governor.dev/service"
+LABEL_REVISION = "governor.dev/revision"
+
+ADMIN_TOKEN_KEY = "token"
+ENGINE_JSON_KEY = "engine.json"
+REVISION_KEY = "revision"
+
+# The knobs with a `governor serve` start flag, and the tuner's default range max, used as the cap when
+# spec.autotune.bounds gives none (equal to the engine's default starting values).
+STARTED_KNOBS: dict[str, int] = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+SPEC_KNOB = "num_speculative_tokens"
+
+
+def deployment_name(name: str, revision: str) -> str:
+    """The Deployment of one revision of service `name`."""
+    return f"{name}-{revision}"
+
+
+def config_map_name(name: str) -> str:
+    """The ConfigMap holding the engine arguments and starting knobs of service `name`."""
+    return f"{name}-engine-config"
+
+
+def admin_secret_name(name: str) -> str:
+    """The Secret holding the admin API bearer token of service `name`."""
+    return f"{name}-admin-token"
+
+
+def knob_env(knob: str) -> str:
+    """The engine container's env var carrying the starting value of `knob` (from the ConfigMap)."""
+    return f"GOVERNOR_KNOB_{knob.upper()}"
+
+
+# --- identity -----------------------------------------------------------------------------------------
+
+
+def knob_caps(spec: InferenceServiceSpec) -> dict[str, int]:
+    """Hard cap of each knob with a start flag: the autotune bound's max, else the tuner's default max."""
+    given = spec.autotune.bounds.given() if spec.autotune.bounds is not None else {}
+    return {knob: given[knob][1] if knob in given else default for knob, default in STARTED_KNOBS.items()}
+
+
+def revision_hash(spec: InferenceServiceSpec) -> str:
+    """Identity of the pod template: 10 hex digits of the sha256 of the canonical JSON of the model, the
+    engine settings except the knobs, and the knob hard caps. Knob values, replicas, SLOs and rollout
+    settings never change it; a changed image, model revision or static engine setting always does."""
+    identity = {
+        "model": spec.model.model_dump(mode="json", by_alias=True),
+        "engine": spec.engine.model_dump(mode="json", by_alias=True, exclude={"knobs"}),
+        "caps": knob_caps(spec),
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def starting_knobs(spec: InferenceServiceSpec, status: Mapping[str, Any] | None) -> dict[str, int]:
+    """Knob values new pods start with, by contract name: status.tuning.knobs (tuned values) over
+    spec.engine.knobs, else the cap; clamped into the knob's range. K only with speculation on."""
+    tuned = ((status or {}).get("tuning") or {}).get("knobs") or {}
+    given = spec.engine.knobs.model_dump(exclude_none=True)
+    caps = dict(knob_caps(spec))
+    floors = {knob: 1 for knob in caps}
+    if spec.engine.speculative is not None:
+        caps[SPEC_KNOB] = spec.engine.speculative.num_speculative_tokens
+        floors[SPEC_KNOB] = 0
+    knobs: dict[str, int] = {}
+    for knob in contract.KNOB_NAMES:
+        if knob not in caps:
+            continue
+        value = tuned.get(knob)
+        if not isinstance(value, int) or isinstance(value, bool):  # status is read leniently
+            value = given.get(knob, caps[knob])
+        knobs[knob] = min(max(value, floors[knob]), caps[knob])
+    return knobs
+
+
+# --- model sources ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Mounts:
+    """Volumes, mounts and init containers the model sources need, collected in a stable order."""
+
+    image: str
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    mounts: list[dict[str, Any]] = field(default_factory=list)
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
+    claims: dict[str, str] = field(default_factory=dict)  # claim → volume name
+
+    def path_of(self, uri: str, revision: str | None, role: str) -> str:
+        """The model directory inside the pod for `uri`, adding what it needs."""
+        source = parse_model_uri(uri)
+        if source.scheme == "path":
+            return source.path
+        if source.scheme == "pvc":
+            if source.claim not in self.claims:
+                volume = f"model-pvc-{len(self.claims)}"  # claims may hold dots, volume names may not
+                self.claims[source.claim] = volume
+                self.volumes.append({"name": volume, "persistentVolumeClaim": {"claimName": source.claim,
+                                                                               "readOnly": True}})
+                self.mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{source.claim}", "readOnly": True})
+            return f"{MODELS_DIR}/{source.claim}{source.path}"
+        if not any(v["name"] == MODEL_CACHE_VOLUME for v in self.volumes):
+            self.volumes.append({"name": MODEL_CACHE_VOLUME, "emptyDir": {}})
+            self.mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR, "readOnly": True})
+        local_dir = f"{HF_DIR}/{source.repo}"
+        rev = source.revision or revision or ""
+        self.init_containers.append({
+            "name": f"fetch-{role}",
+            "image": self.image,
+            # snapshot_download is stable across huggingface_hub releases; its CLI module names are not.
+            "command": ["python", "-c", "import sys; from huggingface_hub import snapshot_download; "
+                        "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])",
+                        source.repo, rev, local_dir],
+            "volumeMounts": [{"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR}],
+        })
+        return local_dir
+
+
+# --- engine arguments ---------------------------------------------------------------------------------
+
+
+def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: _Mounts,
+                 knob_value: Mapping[str, str]) -> list[str]:
+    """`governor serve` arguments; each knob with a start flag gets `knob_value[knob]`."""
+    engine = spec.engine
+    args = [mounts.path_of(spec.model.uri, spec.model.revision, "model"),
+            "--host", "0.0.0.0", "--port", str(PORT),
+            "--served-model-name", spec.model.served_name or name,
+            "--revision", revision,
+            "--drain-grace-s", str(DRAIN_GRACE_S),
+            "--dtype", engine.dtype,
+            "--kv-cache-dtype", engine.kv_cache_dtype,
+            "--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching",
+            "--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if engine.resources.gpus == 0:
+        args += ["--device", "cpu"]  # "auto" would take a GPU the pod did not ask for, if one is visible
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.speculative is not None:
+        config: dict[str, Any] = {"method": engine.speculative.method,
+                                  "num_speculative_tokens": engine.speculative.num_speculative_tokens}
+        if engine.speculative.draft_model:
+            config["model"] = mounts.path_of(engine.speculative.draft_model, None, "draft-model")
+        args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
+    for knob, cap in knob_caps(spec).items():
+        flag = "--" + knob.replace("_", "-")
+        args += [flag, knob_value[knob], f"{flag}-cap", str(cap)]
+    return args + list(engine.extra_args)
+
+
+# --- manifests ----------------------------------------------------------------------------------------
+
+
+def _labels(name: str, revision: str | None, component: str = "engine") -> dict[str, str]:
+    labels = {LABEL_NAME: "governor-engine", LABEL_INSTANCE: name, LABEL_MANAGED_BY: "governor",
+              LABEL_COMPONENT: component, LABEL_SERVICE: name}
+    if revision is not None:
+        labels[LABEL_REVISION] = revision
+    return labels
+
+
+def _metadata(name: str, namespace: str, uid: str, owner: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels,
+            "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": owner, "uid": uid,
+                                 "controller": True, "blockOwnerDeletion": True}]}
+
+
+def _http_probe(path: str, period_s: int, failure_threshold: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": PORT_NAME}, "periodSeconds": period_s,
+            "failureThreshold": failure_threshold, "timeoutSeconds": 5}
+
+
+def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    res = spec.engine.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if res.gpus > 0:
+        # One GPU per tensor-parallel rank; validate_spec already rejects gpus < tensorParallelSize.
+        limits["nvidia.com/gpu"] = str(max(res.gpus, spec.engine.tensor_parallel_size))
+    if res.memory is not None:
+        requests["memory"] = limits["memory"] = res.memory
+    if res.cpu is not None:
+        requests["cpu"] = res.cpu  # a request only (the API says so): CPU limits throttle the step loop
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec, revision: str,
+                args: list[str], mounts: _Mounts) -> dict[str, Any]:
+    labels = _labels(name, revision)
+    volumes = list(mounts.volumes)
+    volume_mounts = list(mounts.mounts)
+    if spec.engine.tensor_parallel_size > 1:
+        # NCCL between ranks goes through /dev/shm; the container default (64 MiB) is too small.
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        volume_mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    env: list[dict[str, Any]] = [
+        {"name": contract.ADMIN_TOKEN_ENV,
+         "valueFrom": {"secretKeyRef": {"name": admin_secret_name(name), "key": ADMIN_TOKEN_KEY}}},
+        {"name": contract.REVISION_ENV, "value": revision},
+    ]
+    env += [{"name": knob_env(knob),
+             "valueFrom": {"configMapKeyRef": {"name": config_map_name(name), "key": knob}}}
+            for knob in STARTED_KNOBS]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.engine.image,
+        "command": ["governor", "serve"],
+        "args": args,
+        "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(spec),
+        "startupProbe": _http_probe("/health", 10, 180),  # up to 30 minutes to load a model
+        "livenessProbe": _http_probe("/health", 10, 3),
+        "readinessProbe": _http_probe("/ready", 5, 2),
+        "volumeMounts": volume_mounts,
+    }
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "volumes": volumes,
+    }
+    if mounts.init_containers:
+        pod["initContainers"] = mounts.init_containers
+    if spec.engine.node_selector:
+        pod["nodeSelector"] = dict(sorted(spec.engine.node_selector.items()))
+    if spec.engine.tolerations:
+        pod["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                              for t in spec.engine.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(deployment_name(name, revision), namespace, uid, name, labels),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": {LABEL_SERVICE: name, LABEL_REVISION: revision}},
+            "template": {
+                "metadata": {"labels": labels,
+                             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
+                                             "prometheus.io/path": "/metrics"}},
+                "spec": pod,
+            },
+        },
+    }
+
+
+def render(name: str, namespace: str, uid: str, generation: int, spec: InferenceServiceSpec,
+           status: Mapping[str, Any] | None, *, pod_monitor: bool) -> list[dict[str, Any]]:
+    """The desired children of InferenceService `name` (uid `uid`): Deployment of the spec's revision,
+    Service, ConfigMap, and PodMonitor when `pod_monitor`. Pure and deterministic; of status only
+    tuning.knobs is read. `spec` should have passed `validate_spec`; an invalid model URI raises
+    ValueError. `generation` is recorded on the ConfigMap (annotation governor.dev/generation)."""
+    revision = revision_hash(spec)
+    knobs = starting_knobs(spec, status)
+    template_mounts = _Mounts(spec.engine.image)
+    args = _engine_args(name, spec, revision, template_mounts,
+                        {knob: f"$({knob_env(knob)})" for knob in STARTED_KNOBS})
+    # The same arguments with the knobs filled in, for humans: what the next pod will run.
+    effective = _engine_args(name, spec, revision, _Mounts(spec.engine.image),
+                             {knob: str(knobs[knob]) for knob in STARTED_KNOBS})
+
+    labels = _labels(name, revision)
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {**_metadata(config_map_name(name), namespace, uid, name, labels),
+                     "annotations": {"governor.dev/generation": str(generation)}},
+        "data": {
+            ENGINE_JSON_KEY: json.dumps({"revision": revision, "command": ["governor", "serve"], "args": effective,
+                                         "knobs": knobs}, sort_keys=True, indent=2),
+            REVISION_KEY: revision,
+            **{knob: str(knobs[knob]) for knob in STARTED_KNOBS},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(name, namespace, uid, name, labels),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_SERVICE: name},
+            "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+    children = [_deployment(name, namespace, uid, spec, revision, args, template_mounts), service, config_map]
+    if pod_monitor:
+        children.append({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PodMonitor",
+            "metadata": _metadata(name, namespace, uid, name, labels),
+            "spec": {
+                "selector": {"matchLabels": {LABEL_SERVICE: name}},
+                "podMetricsEndpoints": [{"port": PORT_NAME, "path": "/metrics"}],
+            },
+        })
+    return children
+
+
+def admin_secret(name: str, namespace: str, uid: str, token: str) -> dict[str, Any]:
+    """The Secret with the admin API bearer token of service `name`; created once, never re-rendered."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(admin_secret_name(name), namespace, uid, name, _labels(name, None, "admin-token")),
+        "stringData": {ADMIN_TOKEN_KEY: token},
+    }

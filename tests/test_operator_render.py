@@ -1,0 +1,356 @@
+"""Rendering an InferenceService into its children: pure manifests, stable revision identity."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import pytest
+
+from governor import contract
+from governor.engine.cli import build_parser
+from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.render import (
+    LABEL_REVISION,
+    LABEL_SERVICE,
+    admin_secret,
+    render,
+    revision_hash,
+    starting_knobs,
+)
+
+NAME, NAMESPACE, UID = "chat", "ml", "0b6f1c9e-7d1a-4c1e-9a53-6a1f2d1f7e00"
+
+MINIMAL: dict[str, Any] = {
+    "model": {"uri": "/models/llama"},
+    "engine": {"image": "ghcr.io/example/governor:0.1.0"},
+    "slo": {"ttftP95": "500ms", "itlP95": "50ms"},
+}
+
+
+def spec_of(raw: dict[str, Any], **engine: Any) -> InferenceServiceSpec:
+    raw = copy.deepcopy(raw)
+    raw["engine"].update(engine)
+    parsed = parse_spec(raw)
+    assert isinstance(parsed, InferenceServiceSpec), parsed
+    return parsed
+
+
+def with_model(**model: Any) -> dict[str, Any]:
+    raw = copy.deepcopy(MINIMAL)
+    raw["model"] = model
+    return raw
+
+
+def children(spec: InferenceServiceSpec, status: dict[str, Any] | None = None, *,
+             pod_monitor: bool = False) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in render(NAME, NAMESPACE, UID, 3, spec, status, pod_monitor=pod_monitor)}
+
+
+def pod_of(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = objs["Deployment"]["spec"]["template"]["spec"]
+    return pod
+
+
+def engine_of(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    (container,) = pod_of(objs)["containers"]
+    return container
+
+
+def expanded_args(objs: dict[str, dict[str, Any]]) -> list[str]:
+    """The container args as the kubelet runs them: $(VAR) filled from env (ConfigMap keys here)."""
+    container = engine_of(objs)
+    data = objs["ConfigMap"]["data"]
+    env = {}
+    for e in container["env"]:
+        ref = e.get("valueFrom", {}).get("configMapKeyRef")
+        if ref is not None:
+            assert ref["name"] == objs["ConfigMap"]["metadata"]["name"]
+            env[e["name"]] = data[ref["key"]]
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def serve_args(objs: dict[str, dict[str, Any]]) -> Any:
+    return build_parser().parse_args(["serve", *expanded_args(objs)])
+
+
+def test_minimal_spec_renders_deployment_service_and_config_map_owned_and_labelled() -> None:
+    spec = spec_of(MINIMAL)
+    objs = render(NAME, NAMESPACE, UID, 3, spec, None, pod_monitor=False)
+    rev = revision_hash(spec)
+    assert [o["kind"] for o in objs] == ["Deployment", "Service", "ConfigMap"]
+    assert [o["metadata"]["name"] for o in objs] == [f"chat-{rev}", "chat", "chat-engine-config"]
+    for o in objs:
+        assert o["metadata"]["namespace"] == NAMESPACE
+        assert o["metadata"]["ownerReferences"] == [{"apiVersion": "governor.dev/v1alpha1", "kind": "InferenceService",
+                                                     "name": NAME, "uid": UID, "controller": True,
+                                                     "blockOwnerDeletion": True}]
+        assert o["metadata"]["labels"] == {"app.kubernetes.io/name": "governor-engine",
+                                           "app.kubernetes.io/instance": NAME,
+                                           "app.kubernetes.io/managed-by": "governor",
+                                           "app.kubernetes.io/component": "engine",
+                                           LABEL_SERVICE: NAME, LABEL_REVISION: rev}
+
+
+def test_deployment_selects_its_revision_and_service_selects_every_revision() -> None:
+    objs = children(spec_of({**MINIMAL, "replicas": 2}))
+    rev = objs["ConfigMap"]["data"]["revision"]
+    dep = objs["Deployment"]["spec"]
+    assert dep["replicas"] == 2
+    assert dep["selector"]["matchLabels"] == {LABEL_SERVICE: NAME, LABEL_REVISION: rev}
+    assert dep["template"]["metadata"]["labels"][LABEL_REVISION] == rev
+    svc = objs["Service"]["spec"]
+    assert svc["type"] == "ClusterIP"
+    assert svc["selector"] == {LABEL_SERVICE: NAME}
+    assert svc["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_engine_args_carry_the_static_configuration() -> None:
+    objs = children(spec_of(MINIMAL, dtype="bfloat16", kvCacheDtype="fp8", maxModelLen=4096))
+    args = expanded_args(objs)
+    rev = objs["ConfigMap"]["data"]["revision"]
+    assert engine_of(objs)["command"] == ["governor", "serve"]
+    assert args[0] == "/models/llama"
+    assert flag(args, "--host") == "0.0.0.0"
+    assert flag(args, "--port") == "8000"
+    assert flag(args, "--served-model-name") == NAME
+    assert flag(args, "--revision") == rev
+    assert flag(args, "--drain-grace-s") == "30"
+    assert flag(args, "--dtype") == "bfloat16"
+    assert flag(args, "--kv-cache-dtype") == "fp8"
+    assert flag(args, "--max-model-len") == "4096"
+    assert flag(args, "--tensor-parallel-size") == "1"
+    assert "--enable-prefix-caching" in args
+    assert "--speculative-config" not in args
+
+
+def test_every_rendered_flag_parses_with_the_engine_serve_parser() -> None:
+    raw = with_model(uri="pvc://models/llama-8b", revision="abc", servedName="llama")
+    raw["engine"].update(dtype="float16", prefixCaching=False, maxModelLen=2048, tensorParallelSize=2,
+                         resources={"gpus": 2}, knobs={"maxNumSeqs": 32, "numSpeculativeTokens": 2},
+                         speculative={"method": "ngram", "numSpeculativeTokens": 4}, extraArgs=["--max-queue", "64"])
+    raw["autotune"] = {"bounds": {"maxNumSeqs": {"min": 8, "max": 128}}}
+    ns = serve_args(children(spec_of(raw)))
+    assert ns.model == "/models/models/llama-8b"
+    assert ns.served_model_name == "llama"
+    assert ns.enable_prefix_caching is False
+    assert ns.tensor_parallel_size == 2
+    assert ns.max_model_len == 2048
+    assert ns.speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
+    assert (ns.max_num_seqs, ns.max_num_seqs_cap) == (32, 128)
+    assert (ns.max_num_batched_tokens, ns.max_num_batched_tokens_cap) == (8192, 8192)
+    assert ns.max_queue == 64
+    assert ns.device is None  # on GPU the engine picks the device itself
+
+
+def test_cpu_service_pins_the_engine_to_cpu_and_asks_for_no_gpu() -> None:
+    objs = children(spec_of(MINIMAL, resources={"gpus": 0, "memory": "8Gi", "cpu": 4}))
+    assert serve_args(objs).device == "cpu"
+    assert engine_of(objs)["resources"] == {"requests": {"memory": "8Gi", "cpu": "4"}, "limits": {"memory": "8Gi"}}
+
+
+def test_extra_args_come_last_as_given() -> None:
+    args = engine_of(children(spec_of(MINIMAL, extraArgs=["--max-queue", "512", "--seed", "7"])))["args"]
+    assert args[-4:] == ["--max-queue", "512", "--seed", "7"]
+
+
+def test_knobs_come_from_status_over_spec_and_reach_pods_through_the_config_map() -> None:
+    spec = spec_of(MINIMAL, knobs={"maxNumSeqs": 64, "maxNumBatchedTokens": 2048})
+    status = {"tuning": {"knobs": {"max_num_seqs": 48}}}
+    objs = children(spec, status)
+    assert objs["ConfigMap"]["data"]["max_num_seqs"] == "48"
+    assert objs["ConfigMap"]["data"]["max_num_batched_tokens"] == "2048"
+    ns = serve_args(objs)
+    assert (ns.max_num_seqs, ns.max_num_batched_tokens) == (48, 2048)
+    # The pod template holds references, never the values, so a tuned knob restarts no pod.
+    args = engine_of(objs)["args"]
+    assert flag(args, "--max-num-seqs") == "$(GOVERNOR_KNOB_MAX_NUM_SEQS)"
+    assert json.loads(objs["ConfigMap"]["data"]["engine.json"])["knobs"] == {"max_num_seqs": 48,
+                                                                            "max_num_batched_tokens": 2048}
+
+
+def test_knobs_without_spec_or_status_start_at_their_caps() -> None:
+    assert starting_knobs(spec_of(MINIMAL), None) == {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+
+
+def test_starting_knobs_are_clamped_to_the_autotune_bounds_max() -> None:
+    raw = copy.deepcopy(MINIMAL)
+    raw["autotune"] = {"bounds": {"maxNumSeqs": {"min": 1, "max": 64}}}
+    knobs = starting_knobs(spec_of(raw), {"tuning": {"knobs": {"max_num_seqs": 100}}})
+    assert knobs["max_num_seqs"] == 64
+
+
+def test_speculation_depth_starts_from_status_within_its_cap() -> None:
+    spec = spec_of(MINIMAL, speculative={"method": "ngram", "numSpeculativeTokens": 4},
+                   knobs={"numSpeculativeTokens": 3})
+    assert starting_knobs(spec, None)["num_speculative_tokens"] == 3
+    assert starting_knobs(spec, {"tuning": {"knobs": {"num_speculative_tokens": 0}}})["num_speculative_tokens"] == 0
+
+
+def test_changing_knobs_changes_neither_revision_nor_deployment() -> None:
+    a = children(spec_of(MINIMAL, knobs={"maxNumSeqs": 64}))
+    b = children(spec_of(MINIMAL, knobs={"maxNumSeqs": 16}), {"tuning": {"knobs": {"max_num_seqs": 8}}})
+    assert a["Deployment"] == b["Deployment"]
+    assert a["ConfigMap"]["data"]["revision"] == b["ConfigMap"]["data"]["revision"]
+    assert a["ConfigMap"]["data"]["max_num_seqs"] != b["ConfigMap"]["data"]["max_num_seqs"]
+
+
+@pytest.mark.parametrize("change", [
+    {"engine": {"image": "ghcr.io/example/governor:0.2.0"}},
+    {"model": {"uri": "/models/llama", "revision": "v2"}},
+    {"engine": {"image": "ghcr.io/example/governor:0.1.0", "kvCacheDtype": "fp8"}},
+    {"autotune": {"bounds": {"maxNumSeqs": {"min": 1, "max": 512}}}},
+])
+def test_pod_template_changes_change_the_revision_and_deployment_name(change: dict[str, Any]) -> None:
+    before = spec_of(MINIMAL)
+    after = spec_of({**MINIMAL, **change})
+    assert revision_hash(before) != revision_hash(after)
+    assert children(before)["Deployment"]["metadata"]["name"] != children(after)["Deployment"]["metadata"]["name"]
+
+
+def test_revision_hash_is_ten_hex_digits_and_ignores_replicas_slo_and_rollout() -> None:
+    base = revision_hash(spec_of(MINIMAL))
+    assert re.fullmatch(r"[0-9a-f]{10}", base)
+    other = spec_of({**MINIMAL, "replicas": 5, "slo": {"ttftP95": "1s", "itlP95": "80ms"},
+                     "rollout": {"steps": []}, "autotune": {"enabled": True}})
+    assert revision_hash(other) == base
+
+
+def test_tensor_parallel_validation_requires_a_gpu_per_rank() -> None:
+    raw = copy.deepcopy(MINIMAL)
+    raw["engine"].update(tensorParallelSize=2, resources={"gpus": 1})
+    assert [e.path for e in parse_spec(raw)] == ["spec.engine.tensorParallelSize"]  # type: ignore[union-attr]
+
+
+def test_tensor_parallel_pod_gets_a_gpu_per_rank_and_shared_memory() -> None:
+    objs = children(spec_of(MINIMAL, tensorParallelSize=2, resources={"gpus": 2}))
+    pod = pod_of(objs)
+    assert engine_of(objs)["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in engine_of(objs)["volumeMounts"]
+
+
+def test_unvalidated_tensor_parallel_spec_still_asks_for_a_gpu_per_rank() -> None:
+    spec = spec_of(MINIMAL, resources={"gpus": 1})
+    spec = spec.model_copy(update={"engine": spec.engine.model_copy(update={"tensor_parallel_size": 2})})
+    assert engine_of(children(spec))["resources"]["limits"]["nvidia.com/gpu"] == "2"
+
+
+def test_single_rank_pod_has_no_shared_memory_volume() -> None:
+    objs = children(spec_of(MINIMAL))
+    assert pod_of(objs)["volumes"] == []
+    assert engine_of(objs)["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+
+
+def test_pvc_model_is_mounted_read_only_under_models() -> None:
+    objs = children(spec_of(with_model(uri="pvc://weights/llama/3.1-8b")))
+    assert pod_of(objs)["volumes"] == [{"name": "model-pvc-0",
+                                        "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}]
+    assert engine_of(objs)["volumeMounts"] == [{"name": "model-pvc-0", "mountPath": "/models/weights",
+                                                "readOnly": True}]
+    assert serve_args(objs).model == "/models/weights/llama/3.1-8b"
+    assert "initContainers" not in pod_of(objs)
+
+
+def test_pvc_draft_model_on_the_same_claim_shares_its_volume() -> None:
+    objs = children(spec_of(with_model(uri="pvc://weights/big"),
+                            speculative={"method": "draft_model", "draftModel": "pvc://weights/small",
+                                         "numSpeculativeTokens": 3}))
+    assert len(pod_of(objs)["volumes"]) == 1
+    assert serve_args(objs).speculative_config == {"method": "draft_model", "num_speculative_tokens": 3,
+                                                   "model": "/models/weights/small"}
+
+
+def test_hf_model_is_downloaded_by_an_init_container_into_the_model_cache() -> None:
+    objs = children(spec_of(with_model(uri="hf://meta-llama/Llama-3.1-8B@main")))
+    pod = pod_of(objs)
+    assert pod["volumes"] == [{"name": "model-cache", "emptyDir": {}}]
+    (init,) = pod["initContainers"]
+    assert init["image"] == "ghcr.io/example/governor:0.1.0"
+    assert init["command"][:2] == ["python", "-c"]
+    assert "snapshot_download" in init["command"][2]
+    assert init["command"][3:] == ["meta-llama/Llama-3.1-8B", "main", "/models/hf/meta-llama/Llama-3.1-8B"]
+    assert init["volumeMounts"] == [{"name": "model-cache", "mountPath": "/models/hf"}]
+    assert engine_of(objs)["volumeMounts"] == [{"name": "model-cache", "mountPath": "/models/hf", "readOnly": True}]
+    assert serve_args(objs).model == "/models/hf/meta-llama/Llama-3.1-8B"
+
+
+def test_hf_revision_comes_from_model_revision_when_the_uri_has_none() -> None:
+    objs = children(spec_of(with_model(uri="hf://org/model", revision="0123abc")))
+    assert pod_of(objs)["initContainers"][0]["command"][4] == "0123abc"
+
+
+def test_admin_token_reaches_the_engine_only_as_a_secret_reference() -> None:
+    objs = children(spec_of(MINIMAL))
+    env = {e["name"]: e for e in engine_of(objs)["env"]}
+    assert env[contract.ADMIN_TOKEN_ENV] == {"name": contract.ADMIN_TOKEN_ENV, "valueFrom": {
+        "secretKeyRef": {"name": "chat-admin-token", "key": "token"}}}
+    assert env[contract.REVISION_ENV]["value"] == objs["ConfigMap"]["data"]["revision"]
+    assert "Secret" not in objs
+    assert "--admin-token-file" not in engine_of(objs)["args"]
+
+
+def test_admin_secret_holds_the_token_and_is_owned() -> None:
+    secret = admin_secret(NAME, NAMESPACE, UID, "s3cret")
+    assert secret["metadata"]["name"] == "chat-admin-token"
+    assert secret["stringData"] == {"token": "s3cret"}
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert LABEL_REVISION not in secret["metadata"]["labels"]
+
+
+def test_pod_monitor_is_rendered_only_when_asked_for() -> None:
+    spec = spec_of(MINIMAL)
+    assert "PodMonitor" not in children(spec, pod_monitor=False)
+    pm = children(spec, pod_monitor=True)["PodMonitor"]
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert pm["metadata"]["name"] == NAME
+    assert pm["spec"] == {"selector": {"matchLabels": {LABEL_SERVICE: NAME}},
+                          "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}]}
+
+
+def test_pod_is_probed_drained_and_scraped() -> None:
+    objs = children(spec_of(MINIMAL))
+    container = engine_of(objs)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 15 * 60
+    assert pod_of(objs)["terminationGracePeriodSeconds"] == 45
+    assert objs["Deployment"]["spec"]["template"]["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "8000", "prometheus.io/path": "/metrics"}
+
+
+def test_node_selector_and_tolerations_come_from_the_spec() -> None:
+    objs = children(spec_of(MINIMAL, nodeSelector={"nvidia.com/gpu.product": "H100"},
+                            tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]))
+    pod = pod_of(objs)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def test_render_is_deterministic() -> None:
+    raw = with_model(uri="hf://org/model@v1")
+    raw["engine"].update(speculative={"method": "draft_model", "draftModel": "pvc://drafts/small",
+                                      "numSpeculativeTokens": 2}, tensorParallelSize=2, resources={"gpus": 2})
+    status = {"tuning": {"knobs": {"max_num_seqs": 12}}}
+    first = render(NAME, NAMESPACE, UID, 3, spec_of(raw), status, pod_monitor=True)
+    assert first == render(NAME, NAMESPACE, UID, 3, spec_of(raw), copy.deepcopy(status), pod_monitor=True)
+    assert json.dumps(first, sort_keys=True) == json.dumps(render(NAME, NAMESPACE, UID, 3, spec_of(raw), status,
+                                                                  pod_monitor=True), sort_keys=True)
+
+
+def test_only_tuned_knobs_are_read_from_status() -> None:
+    spec = spec_of(MINIMAL)
+    knobs_only = {"tuning": {"knobs": {"max_num_seqs": 12}}}
+    busy = {"tuning": {"knobs": {"max_num_seqs": 12}, "frozen": True, "lastDecision": {"knob": "x"}},
+            "revision": "ffffffffff", "phase": "Degraded", "observedGeneration": 9,
+            "rollout": {"step": 1, "canary": "eeeeeeeeee"}, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert render(NAME, NAMESPACE, UID, 3, spec, knobs_only, pod_monitor=True) == \
+        render(NAME, NAMESPACE, UID, 3, spec, busy, pod_monitor=True)
