@@ -163,3 +163,21 @@ def test_updates_follow_and_drift_is_corrected_and_a_restart_writes_nothing(clus
         assert after == before  # nothing rewritten, nothing duplicated
     finally:
         again.stop()
+
+
+def test_a_new_revision_replaces_the_old_deployment(cluster: Cluster, operator: Operator) -> None:
+    create_service(cluster, "chat", SPEC)
+    first = wait_for(lambda: [k for k in children(cluster) if k.startswith("Deployment/")], 60, operator.log,
+                     "no Deployment")
+    merge = {"Content-Type": "application/merge-patch+json"}
+    r = httpx.patch(cluster.url + f"{IS_PATH}/chat", json={"spec": {"engine": {"image": "ghcr.io/example/e:2"}}},
+                    headers=merge, timeout=5)
+    assert r.status_code == 200, r.text
+    second = wait_for(lambda: (d := [k for k in children(cluster) if k.startswith("Deployment/")]) and d != first
+                      and len(d) == 1 and d, 30, operator.log, "the new revision did not replace the old one")
+    deployment = children(cluster)[second[0]]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/example/e:2"
+    status = wait_for(lambda: (s := status_of(cluster, "chat")).get("revision") and s["revision"] in second[0] and s,
+                      30, operator.log, "status did not name the new revision")
+    types = {c["type"]: c["status"] for c in status["conditions"]}
+    assert types == {"Ready": "False", "Progressing": "True", "Degraded": "False", "Tuning": "False"}

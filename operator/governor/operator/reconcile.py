@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from governor.operator.api import InferenceServiceSpec, parse_spec
-from governor.operator.render import admin_secret, render, revision_hash
+from governor.operator.render import LABEL_REVISION, LABEL_SERVICE, admin_secret, render, revision_hash
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,21 @@ def ensure_admin_secret(name: str, namespace: str, uid: str) -> str | None:
     return f"created Secret/{body['metadata']['name']}"
 
 
+def prune_old_revisions(name: str, namespace: str, revision: str) -> list[str]:
+    """Delete this service's Deployments of other revisions: until canary rollouts exist, a new revision
+    replaces the old one at once (the Service already routes to the new pods by its service label)."""
+    apps = client.AppsV1Api()
+    found = apps.list_namespaced_deployment(namespace, label_selector=f"{LABEL_SERVICE}={name}")
+    removed = []
+    for dep in found.items:
+        d = _as_dict(dep)
+        labels = d["metadata"].get("labels") or {}
+        if labels.get(LABEL_REVISION) != revision:
+            apps.delete_namespaced_deployment(d["metadata"]["name"], namespace)
+            removed.append(f"deleted Deployment/{d['metadata']['name']} (revision {labels.get(LABEL_REVISION)})")
+    return removed
+
+
 def _ready_replicas(name: str, namespace: str) -> tuple[int, int]:
     try:
         dep = _as_dict(client.AppsV1Api().read_namespaced_deployment(name, namespace))
@@ -157,6 +172,7 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         w = apply_child(obj)
         if w:
             writes.append(w)
+    writes += prune_old_revisions(name, namespace, rev)
     deployment = next(o["metadata"]["name"] for o in desired if o["kind"] == "Deployment")
     replicas, ready = _ready_replicas(deployment, namespace)
     want = spec.replicas
@@ -168,6 +184,15 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
     conditions = set_condition(conditions, "Progressing", "False" if phase == "Ready" else "True",
                                "RevisionAvailable" if phase == "Ready" else "RevisionRolling",
                                f"revision {rev}", generation, now)
+    conditions = set_condition(conditions, "Degraded", "False", "AsSpecified", "running the revision the spec names",
+                               generation, now)
+    if spec.autotune.enabled:
+        conditions = set_condition(conditions, "Tuning", "Unknown", "TunerNotRunning",
+                                   "autotune is enabled; the tuner inside the operator is not implemented yet",
+                                   generation, now)
+    else:
+        conditions = set_condition(conditions, "Tuning", "False", "AutotuneDisabled", "spec.autotune.enabled is false",
+                                   generation, now)
     events = [("Reconciled", ", ".join(writes), "Normal")] if writes else []
     if status.get("phase") != phase:
         events.append((phase, msg, "Normal"))
