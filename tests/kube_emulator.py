@@ -32,6 +32,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition",
                                                           "singular": "customresourcedefinition",
                                                           "namespaced": False},
+    "monitoring.coreos.com/v1/podmonitors": {"kind": "PodMonitor", "singular": "podmonitor", "namespaced": True},
     "governor.dev/v1alpha1/inferenceservices": {"kind": "InferenceService", "singular": "inferenceservice",
                                                 "namespaced": True},
 }

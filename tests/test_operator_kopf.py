@@ -35,10 +35,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 
 class Operator:
+    """`governor operator -A` against the emulator; PodMonitors are rendered when the emulator serves their
+    API group (it does: `monitoring.coreos.com/v1/podmonitors` is declared), as in a cluster with the CRD."""
+
     def __init__(self, cluster: Cluster, log: Path) -> None:
         self.log = log
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GOVERNOR_RECONCILE_INTERVAL_S": "2",
-               "GOVERNOR_POD_MONITOR": "false"}
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GOVERNOR_RECONCILE_INTERVAL_S": "2"}
         self.out = log.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "operator", "-A"], env=env,
                                      stdout=self.out, stderr=subprocess.STDOUT)
@@ -113,6 +115,11 @@ def test_create_renders_owned_children_and_reports_status(cluster: Cluster, oper
     status = wait_for(lambda: (s := status_of(cluster, "chat")).get("observedGeneration") and s, 30, operator.log,
                       "no status")
     assert status["phase"] == "Progressing"  # the emulator runs no pods: 0/2 ready
+    monitors = (get(cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors") or {}).get("items", [])
+    assert [m["metadata"]["name"] for m in monitors] == ["chat"]
+    events = (get(cluster, f"/api/v1/namespaces/{NS}/events") or {}).get("items", [])
+    reasons = {e.get("reason") for e in events if e.get("involvedObject", {}).get("name") == "chat"}
+    assert "Reconciled" in reasons
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ReplicasStarting")
     assert status["revision"] in deployment["metadata"]["name"]
@@ -130,6 +137,9 @@ def test_an_invalid_spec_is_reported_and_creates_nothing(cluster: Cluster, opera
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (status["phase"], ready["status"], ready["reason"]) == ("Failed", "False", "InvalidSpec")
     assert "spec.autotune.bounds.maxNumSeqs" in ready["message"]
+    events = (get(cluster, f"/api/v1/namespaces/{NS}/events") or {}).get("items", [])
+    assert any(e.get("reason") == "InvalidSpec" and e.get("type") == "Warning"
+               and "spec.autotune.bounds.maxNumSeqs" in e.get("message", "") for e in events)
     time.sleep(3)
     assert not [k for k in children(cluster) if "broken" in k]
     assert operator.proc.poll() is None  # no crash loop
@@ -181,3 +191,30 @@ def test_a_new_revision_replaces_the_old_deployment(cluster: Cluster, operator: 
                       30, operator.log, "status did not name the new revision")
     types = {c["type"]: c["status"] for c in status["conditions"]}
     assert types == {"Ready": "False", "Progressing": "True", "Degraded": "False", "Tuning": "False"}
+
+
+def test_knob_bounds_change_the_engine_caps_and_delete_releases_the_service(cluster: Cluster,
+                                                                            operator: Operator) -> None:
+    create_service(cluster, "chat", SPEC)
+    wait_for(lambda: any(k.startswith("Deployment/") for k in children(cluster)), 60, operator.log, "no Deployment")
+    merge = {"Content-Type": "application/merge-patch+json"}
+    bounds = {"autotune": {"bounds": {"maxNumSeqs": {"min": 2, "max": 48}}}}
+    r = httpx.patch(cluster.url + f"{IS_PATH}/chat", json={"spec": bounds}, headers=merge, timeout=5)
+    assert r.status_code == 200, r.text
+
+    def capped() -> bool:
+        deps = [v for k, v in children(cluster).items() if k.startswith("Deployment/")]
+        args = deps[0]["spec"]["template"]["spec"]["containers"][0]["args"] if len(deps) == 1 else []
+        return "--max-num-seqs-cap" in args and args[args.index("--max-num-seqs-cap") + 1] == "48"
+
+    wait_for(capped, 30, operator.log, "the new max_num_seqs bound did not reach the engine's cap")
+    # Every child is owned by the service with controller=true: the API server's garbage collector removes
+    # them when it goes (the emulator has none; e2e/kind.sh checks that on a real cluster).
+    for obj in children(cluster).values():
+        refs = obj["metadata"]["ownerReferences"]
+        assert len(refs) == 1 and refs[0]["controller"] is True and refs[0]["kind"] == "InferenceService"
+    r = httpx.delete(cluster.url + f"{IS_PATH}/chat", timeout=5)
+    assert r.status_code in (200, 202), r.text
+    wait_for(lambda: get(cluster, f"{IS_PATH}/chat") is None, 30, operator.log,
+             "the InferenceService was not released (finalizer) after delete")
+    assert operator.proc.poll() is None

@@ -31,20 +31,23 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         kubernetes.config.load_kube_config()
 
 
-def _pod_monitor_available() -> bool:
+def _pod_monitor_available(namespace: str) -> bool:
+    """PodMonitors are rendered when their CRD is served (Prometheus Operator installed) and readable."""
     if POD_MONITOR in ("true", "false"):
         return POD_MONITOR == "true"
     try:
-        groups = kubernetes.client.ApisApi().get_api_versions().groups or []
+        kubernetes.client.CustomObjectsApi().list_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", namespace, "podmonitors", limit=1)
     except kubernetes.client.exceptions.ApiException:
-        return False
-    return any(g.name == "monitoring.coreos.com" for g in groups)
+        return False  # 404: no such CRD; 403: not allowed to manage them
+    return True
 
 
 def _run(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger) -> None:
     meta = body["metadata"]
-    outcome = reconcile(meta["name"], meta["namespace"], meta["uid"], int(meta.get("generation") or 1),
-                        body.get("spec"), body.get("status") or {}, pod_monitor=_pod_monitor_available())
+    namespace = meta["namespace"]
+    outcome = reconcile(meta["name"], namespace, meta["uid"], int(meta.get("generation") or 1), body.get("spec"),
+                        body.get("status") or {}, pod_monitor=_pod_monitor_available(namespace))
     for key, value in outcome.status.items():
         patch.status[key] = value
     for reason, message, type_ in outcome.events:
