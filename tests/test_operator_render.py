@@ -354,3 +354,15 @@ def test_only_tuned_knobs_are_read_from_status() -> None:
             "rollout": {"step": 1, "canary": "eeeeeeeeee"}, "conditions": [{"type": "Ready", "status": "False"}]}
     assert render(NAME, NAMESPACE, UID, 3, spec, knobs_only, pod_monitor=True) == \
         render(NAME, NAMESPACE, UID, 3, spec, busy, pod_monitor=True)
+
+
+def test_speculation_depth_starts_from_the_configmap_like_the_other_knobs() -> None:
+    spec = spec_of(MINIMAL, speculative={"method": "ngram", "numSpeculativeTokens": 4},
+                   knobs={"numSpeculativeTokens": 2})
+    objs = children(spec)
+    ns = serve_args(objs)
+    assert ns.num_speculative_tokens == 2 and ns.speculative_config["num_speculative_tokens"] == 4
+    tuned = children(spec, {"tuning": {"knobs": {"num_speculative_tokens": 1}}})
+    assert serve_args(tuned).num_speculative_tokens == 1
+    assert objs["Deployment"] == tuned["Deployment"]  # a tuned K changes the ConfigMap only
+    assert "--num-speculative-tokens" not in expanded_args(children(spec_of(MINIMAL)))

@@ -302,3 +302,16 @@ def test_the_first_draft_is_accepted_at_rate_sum_min_p_q() -> None:
     accepted = sum(c >= 1 for c in acceptance_counts(p, q, 4000))
     rate = float(torch.minimum(p[0], q[0]).sum())  # P(accept) = sum_x q(x) min(1, p(x)/q(x))
     assert stats.binomtest(accepted, 4000, rate).pvalue > 1e-3
+
+
+def test_initial_k_starts_below_its_cap_and_is_checked() -> None:
+    from governor.engine.config import EngineConfig
+
+    spec = {"method": "ngram", "num_speculative_tokens": 4}
+    cfg = EngineConfig(model="m", speculative_config=spec, num_speculative_tokens=2)
+    assert (cfg.initial_knobs().num_speculative_tokens, cfg.spec_cap) == (2, 4)
+    assert EngineConfig(model="m", speculative_config=spec).initial_knobs().num_speculative_tokens == 4
+    with pytest.raises(ValueError, match="exceeds the speculative cap 4"):
+        EngineConfig(model="m", speculative_config=spec, num_speculative_tokens=5)
+    with pytest.raises(ValueError, match="no speculative_config is set"):
+        EngineConfig(model="m", num_speculative_tokens=1)

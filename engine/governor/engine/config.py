@@ -72,6 +72,8 @@ class EngineConfig(BaseModel):
     max_num_seqs_cap: int | None = Field(default=None, ge=1, description="Hard cap (default: initial value).")
     max_num_batched_tokens_cap: int | None = Field(default=None, ge=1,
                                                    description="Hard cap (default: initial value).")
+    num_speculative_tokens: int | None = Field(default=None, ge=0, description="Initial speculation depth K "
+                                               "(default: the speculative config's K, which is also its cap).")
     seed: int = 0
     speculative_config: SpeculativeConfig | None = Field(default=None, description="Speculative decoding "
                                                          "(JSON on the command line).")
@@ -96,6 +98,10 @@ class EngineConfig(BaseModel):
                 and self.max_num_batched_tokens > self.max_num_batched_tokens_cap):
             raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} exceeds "
                              f"max_num_batched_tokens_cap={self.max_num_batched_tokens_cap}")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens > self.spec_cap:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} exceeds the speculative cap "
+                             f"{self.spec_cap} (speculative_config.num_speculative_tokens"
+                             + ("" if self.speculative_config else "; no speculative_config is set") + ")")
         return self
 
     @property
@@ -111,8 +117,9 @@ class EngineConfig(BaseModel):
         return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
     def initial_knobs(self) -> Knobs:
+        k = self.spec_cap if self.num_speculative_tokens is None else self.num_speculative_tokens
         return Knobs(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                     num_speculative_tokens=self.spec_cap)
+                     num_speculative_tokens=k)
 
     def non_default_settings(self) -> dict[str, object]:
         """Every setting that differs from its default (for experiment envelopes)."""

@@ -19,9 +19,8 @@ Knobs are tuned live (through the admin API) and their tuned values live in stat
 with them, yet a knob change must not roll the pods. So the Deployment never holds knob values: its args
 say `--max-num-seqs $(GOVERNOR_KNOB_MAX_NUM_SEQS)`, and the kubelet expands that at container start from
 an env var read from the ConfigMap, which `render` fills from status.tuning.knobs, else spec.engine.knobs,
-else the cap. Updating the ConfigMap restarts nothing. The speculation depth K has no start flag (the
-engine starts at the speculative hard cap); its starting value is in the ConfigMap's `engine.json` for the
-operator to apply through the admin API once a pod is ready.
+else the cap. Updating the ConfigMap restarts nothing. The speculation depth K starts the same way
+(`--num-speculative-tokens`, only with speculation on); its cap is the speculative config's K.
 
 Hard caps: the engine's cap of a knob defaults to its starting value, which would pin a tuned-down pod
 after a restart. So the caps are always given: `spec.autotune.bounds.<knob>.max`, else the tuner's default
@@ -88,6 +87,11 @@ def config_map_name(name: str) -> str:
 def admin_secret_name(name: str) -> str:
     """The Secret holding the admin API bearer token of service `name`."""
     return f"{name}-admin-token"
+
+
+def started_knobs(spec: InferenceServiceSpec) -> list[str]:
+    """The knobs new pods are started with (flag value from the ConfigMap): K only with speculation on."""
+    return [*STARTED_KNOBS, *([SPEC_KNOB] if spec.engine.speculative is not None else [])]
 
 
 def knob_env(knob: str) -> str:
@@ -210,6 +214,8 @@ def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: _
     for knob, cap in knob_caps(spec).items():
         flag = "--" + knob.replace("_", "-")
         args += [flag, knob_value[knob], f"{flag}-cap", str(cap)]
+    if SPEC_KNOB in knob_value:  # K's cap is the speculative config's K
+        args += ["--num-speculative-tokens", knob_value[SPEC_KNOB]]
     return args + list(engine.extra_args)
 
 
@@ -270,7 +276,7 @@ def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
     ]
     env += [{"name": knob_env(knob),
              "valueFrom": {"configMapKeyRef": {"name": config_map_name(name), "key": knob}}}
-            for knob in STARTED_KNOBS]
+            for knob in started_knobs(spec)]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.engine.image,
@@ -321,12 +327,12 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
     ValueError. `generation` is recorded on the ConfigMap (annotation governor.dev/generation)."""
     revision = revision_hash(spec)
     knobs = starting_knobs(spec, status)
+    started = started_knobs(spec)
     template_mounts = _Mounts(spec.engine.image)
-    args = _engine_args(name, spec, revision, template_mounts,
-                        {knob: f"$({knob_env(knob)})" for knob in STARTED_KNOBS})
+    args = _engine_args(name, spec, revision, template_mounts, {knob: f"$({knob_env(knob)})" for knob in started})
     # The same arguments with the knobs filled in, for humans: what the next pod will run.
     effective = _engine_args(name, spec, revision, _Mounts(spec.engine.image),
-                             {knob: str(knobs[knob]) for knob in STARTED_KNOBS})
+                             {knob: str(knobs[knob]) for knob in started})
 
     labels = _labels(name, revision)
     config_map = {
@@ -338,7 +344,7 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
             ENGINE_JSON_KEY: json.dumps({"revision": revision, "command": ["governor", "serve"], "args": effective,
                                          "knobs": knobs}, sort_keys=True, indent=2),
             REVISION_KEY: revision,
-            **{knob: str(knobs[knob]) for knob in STARTED_KNOBS},
+            **{knob: str(knobs[knob]) for knob in started},
         },
     }
     service = {
