@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end on a real cluster (kind or any kubeconfig): install the CRD and the operator chart, apply the
-# minimal InferenceService with a CPU engine image, wait for Ready, check its children, delete it and check
-# that garbage collection removes them. Skips (exit 0) when no cluster answers. Every wait is bounded.
+# minimal InferenceService with a CPU engine image, wait for Ready, check its children, send a completion,
+# delete it and check that garbage collection removes them. Skips (exit 0) when no cluster answers. Every wait is bounded.
 #
 #   e2e/kind.sh [ENGINE_IMAGE]
 #
@@ -86,6 +86,23 @@ children=$(owned)
 log "children: $(echo "$children" | tr '\n' ' ')"
 grep -q '^Deployment/' <<<"$children" || fail "no Deployment owned by $NAME"
 grep -q '^Service/' <<<"$children" || fail "no Service owned by $NAME"
+
+log "send a completion through the Service"
+served=$(kubectl -n "$NAMESPACE" get "inferenceservice/$NAME" -o jsonpath='{.spec.model.servedName}')
+served=${served:-$NAME}
+kubectl -n "$NAMESPACE" port-forward "service/$NAME" 18000:8000 >/dev/null 2>&1 &
+PF=$!
+trap 'kill $PF 2>/dev/null || true; cleanup' EXIT
+answer=""
+for _ in $(seq 1 30); do
+  answer=$(curl -sf --max-time 60 http://127.0.0.1:18000/v1/completions -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$served\", \"prompt\": \"Hello\", \"max_tokens\": 8}" || true)
+  [ -n "$answer" ] && break
+  sleep 2
+done
+kill $PF 2>/dev/null || true
+grep -q '"choices"' <<<"$answer" || fail "no completion from service/$NAME: $answer"
+log "completion: $answer"
 
 log "delete and garbage collection"
 kubectl -n "$NAMESPACE" delete "inferenceservice/$NAME" --timeout=120s

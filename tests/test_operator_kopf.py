@@ -208,8 +208,8 @@ def test_knob_bounds_change_the_engine_caps_and_delete_releases_the_service(clus
         return "--max-num-seqs-cap" in args and args[args.index("--max-num-seqs-cap") + 1] == "48"
 
     wait_for(capped, 30, operator.log, "the new max_num_seqs bound did not reach the engine's cap")
-    # Every child is owned by the service with controller=true: the API server's garbage collector removes
-    # them when it goes (the emulator has none; e2e/kind.sh checks that on a real cluster).
+    # Every child is owned by the service with controller=true, so the API server's garbage collector would
+    # remove them; the operator also deletes them itself (the emulator has no collector).
     for obj in children(cluster).values():
         refs = obj["metadata"]["ownerReferences"]
         assert len(refs) == 1 and refs[0]["controller"] is True and refs[0]["kind"] == "InferenceService"
@@ -217,4 +217,5 @@ def test_knob_bounds_change_the_engine_caps_and_delete_releases_the_service(clus
     assert r.status_code in (200, 202), r.text
     wait_for(lambda: get(cluster, f"{IS_PATH}/chat") is None, 30, operator.log,
              "the InferenceService was not released (finalizer) after delete")
+    assert children(cluster) == {}  # the operator's delete handler removed them (and GC would have)
     assert operator.proc.poll() is None

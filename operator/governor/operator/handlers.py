@@ -15,7 +15,7 @@ import kopf
 import kubernetes
 
 from governor.operator.api import GROUP, PLURAL, VERSION
-from governor.operator.reconcile import reconcile
+from governor.operator.reconcile import delete_children, reconcile
 
 INTERVAL_S = float(os.environ.get("GOVERNOR_RECONCILE_INTERVAL_S", "30"))
 POD_MONITOR = os.environ.get("GOVERNOR_POD_MONITOR", "auto")
@@ -65,3 +65,10 @@ def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any)
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL_S, initial_delay=INTERVAL_S, idle=None)
 def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
     _run(body, patch, logger)
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    meta = body["metadata"]
+    removed = delete_children(meta["name"], meta["namespace"])
+    logger.info("deleted children: %s", ", ".join(removed) or "none")

@@ -139,6 +139,28 @@ def prune_old_revisions(name: str, namespace: str, revision: str) -> list[str]:
     return removed
 
 
+def delete_children(name: str, namespace: str) -> list[str]:
+    """Delete every child labelled for service `name`. The API server's garbage collector would do it
+    through the ownerReferences; doing it explicitly makes deletion independent of the collector's pace."""
+    core, apps = client.CoreV1Api(), client.AppsV1Api()
+    selector = f"{LABEL_SERVICE}={name}"
+    removed: list[str] = []
+    for kind, lister, deleter in (
+            ("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
+            ("Service", core.list_namespaced_service, core.delete_namespaced_service),
+            ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map),
+            ("Secret", core.list_namespaced_secret, core.delete_namespaced_secret)):
+        for item in lister(namespace, label_selector=selector).items:
+            child = str(_as_dict(item)["metadata"]["name"])
+            try:
+                deleter(child, namespace)
+                removed.append(f"deleted {kind}/{child}")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+    return removed
+
+
 def _ready_replicas(name: str, namespace: str) -> tuple[int, int]:
     try:
         dep = _as_dict(client.AppsV1Api().read_namespaced_deployment(name, namespace))
