@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.api import InferenceServiceSpec, drop_nulls, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "governor"
@@ -45,15 +45,6 @@ def _inline_value(expr: str, values: dict[str, Any]) -> str:
     return str(value)
 
 
-def _prune(value: Any) -> Any:
-    # Dropping `{{ toYaml ... }}` lines leaves their keys empty (null): prune them like the API server.
-    if isinstance(value, dict):
-        return {k: _prune(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_prune(v) for v in value]
-    return value
-
-
 def detemplated(name: str) -> list[dict[str, Any]]:
     """The objects of one template with its Go templating removed (see the module docstring)."""
     values = _values()
@@ -62,7 +53,8 @@ def detemplated(name: str) -> list[dict[str, Any]]:
         if line.strip().startswith("{{"):  # control flow, includes and toYaml blocks
             continue
         lines.append(_INLINE.sub(lambda m: _inline_value(m[1], values), line))
-    return [_prune(doc) for doc in yaml.safe_load_all("\n".join(lines)) if doc]
+    # Dropping `{{ toYaml ... }}` lines leaves their keys empty (null): prune them like the API server.
+    return [drop_nulls(doc) for doc in yaml.safe_load_all("\n".join(lines)) if doc]
 
 
 def _validate(obj: dict[str, Any]) -> None:

@@ -189,6 +189,16 @@ def stream_completion(client: openai.OpenAI, prompt: str | list[int], max_tokens
     return text, finish, usage
 
 
+def greedy_completions(base_url: str, model: str, count: int, prefix: str, max_tokens: int = 8) -> None:
+    """`count` sequential greedy completions of `max_tokens` tokens each (ignore_eos); asserts each got 200."""
+    with httpx.Client(timeout=60) as client:
+        for i in range(count):
+            r = client.post(f"{base_url}/v1/completions",
+                            json={"model": model, "prompt": f"{prefix} {i}", "max_tokens": max_tokens,
+                                  "temperature": 0.0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+
+
 def admin(server: Server, method: str, token: str | None = ADMIN_TOKEN, headers: dict[str, str] | None = None,
           **kwargs: Any) -> httpx.Response:
     auth = {"Authorization": f"Bearer {token}"} if token is not None else {}

@@ -26,7 +26,7 @@ from governor.tuner.scrape import (
     snapshot_of,
 )
 from governor.tuner.signals import is_stale
-from tests.test_server import Server, free_port, start_server
+from tests.test_server import Server, free_port, greedy_completions, start_server
 
 TOKEN = "tuner-io-secret"
 MODEL = "tuner-io"
@@ -155,12 +155,7 @@ def test_signals_over_known_traffic(engine: Server) -> None:
     scraper = EngineScraper([engine.url], scrape_interval_s=5.0)
     prev = scraper.scrape()
     assert not prev.failed
-    with httpx.Client(timeout=60) as client:
-        for i in range(4):
-            r = client.post(f"{engine.url}/v1/completions",
-                            json={"model": MODEL, "prompt": f"tuner window {i}", "max_tokens": 8,
-                                  "temperature": 0.0, "ignore_eos": True})
-            assert r.status_code == 200, r.text
+    greedy_completions(engine.url, MODEL, 4, "tuner window")
     cur = scraper.scrape()
     s = scraper.signals(prev, cur)
     assert s.throughput_tok_s is not None and s.throughput_tok_s > 0

@@ -100,7 +100,8 @@ def test_a_change_that_helps_is_applied_then_kept() -> None:
     run(tuner, 6)
     assert engines.calls == [{"max_num_seqs": 48}]
     assert outcomes(sink) == [(1, "applied")]
-    assert tuner.state()["pending"] == {"id": 1, "knob": "max_num_seqs", "from": 32, "to": 48}
+    assert tuner.pending is not None and tuner.pending.id == 1
+    assert (tuner.pending.decision.from_value, tuner.pending.decision.to_value) == (32, 48)
     run(tuner, 7, start=6)  # 2 settling + 5 of 6 verification windows
     assert outcomes(sink) == [(1, "applied")] and tuner.controller.hold is Hold.VERIFYING
     run(tuner, 1, start=13)
@@ -193,7 +194,7 @@ def test_stale_signals_freeze_once_and_hold_verification() -> None:
     frozen = sink.records[-1]
     assert (frozen.knob, frozen.reason) == (None, "SignalsStale")
     assert "verification of decision 1 waits" in frozen.detail
-    assert tuner.frozen and tuner.state()["frozen"] is True
+    assert tuner.frozen
     assert engines.calls == [{"max_num_seqs": 48}]
     run(tuner, 6, start=13)  # the 6 verification windows come only from fresh windows
     assert outcomes(sink) == [(1, "applied"), (2, "frozen"), (1, "kept")]

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from governor import contract
@@ -37,7 +36,7 @@ from governor.tuner.scrape import EngineScraper
 from governor.tuner.signals import Signals, is_stale
 from tests import prometheus_server
 from tests.prometheus_server import PromServer, start_prometheus
-from tests.test_server import Server, admin, free_port, start_server, wait_until
+from tests.test_server import Server, admin, free_port, greedy_completions, start_server, wait_until
 
 TOKEN = "tuner-prom-secret"
 MODEL = "tuner-prom"
@@ -200,12 +199,7 @@ def traffic(engine: Server, prometheus: PromServer) -> Window:
     scraper = EngineScraper([engine.url], scrape_interval_s=SCRAPE_S)
     prev = scraper.scrape()
     start = time.time()
-    with httpx.Client(timeout=60) as client:
-        for i in range(6):
-            r = client.post(f"{engine.url}/v1/completions",
-                            json={"model": MODEL, "prompt": f"prometheus window {i}", "max_tokens": 8,
-                                  "temperature": 0.0, "ignore_eos": True})
-            assert r.status_code == 200, r.text
+    greedy_completions(engine.url, MODEL, 6, "prometheus window")
     cur = scraper.scrape()
     end = time.time()
     generated = engine.metric(contract.GENERATION_TOKENS)

@@ -39,8 +39,8 @@ from governor.loadgen.client import RequestRecord, endpoint_url, request_body, s
 from governor.loadgen.workload import Workload
 from governor.tuner.loop import EngineActuator, EngineSource, Tuner, TunerSettings
 from governor.tuner.policy import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, NUM_SPECULATIVE_TOKENS, Controller
-from governor.tuner.records import DecisionRecord, FanOut, JsonlSink, LogSink
-from governor.tuner.scrape import EngineScraper
+from governor.tuner.records import DecisionRecord, FanOut, HistorySink, JsonlSink, LogSink
+from governor.tuner.scrape import EngineScraper, parse_metrics, total
 from governor.tuner.signals import SLO, Signals
 
 MODEL_NAME = "demo"
@@ -119,12 +119,9 @@ class Engine:
         r.raise_for_status()
 
     def busy(self) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=5).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith((contract.REQUESTS_RUNNING, contract.REQUESTS_WAITING)):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        """Requests running or waiting in the engine, from its /metrics."""
+        metrics = parse_metrics(httpx.get(f"{self.url}/metrics", timeout=5).text)
+        return sum(total(metrics, name) or 0.0 for name in (contract.REQUESTS_RUNNING, contract.REQUESTS_WAITING))
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -228,16 +225,13 @@ def run_phase(engine: Engine, cal: Calibration, name: str, seconds: float, out: 
     engine.set_knobs({MAX_NUM_SEQS: DEFAULT_KNOBS[MAX_NUM_SEQS],
                       MAX_NUM_BATCHED_TOKENS: DEFAULT_KNOBS[MAX_NUM_BATCHED_TOKENS]})
 
-    class Collect:
-        def emit(self, record: DecisionRecord) -> None:
-            phase.records.append(record)
-
+    history = HistorySink(limit=None)
     controller = Controller(slo=cal.slo, bounds=BOUNDS, hysteresis=0.1, consecutive=4, cooldown_s=10.0,
                             max_actions_per_hour=60, scrape_interval_s=INTERVAL_S, window=f"{INTERVAL_S:g}s",
                             step_factors={MAX_NUM_SEQS: 2.0, MAX_NUM_BATCHED_TOKENS: 2.0, NUM_SPECULATIVE_TOKENS: 1.0})
     tuner = Tuner(MODEL_NAME, "demo", controller, EngineSource(EngineScraper([engine.url], INTERVAL_S)),
                   EngineActuator([engine.url], engine.token),
-                  FanOut([LogSink(), JsonlSink(out / "decisions.jsonl"), Collect()]),
+                  FanOut([LogSink(), JsonlSink(out / "decisions.jsonl"), history]),
                   TunerSettings(interval_s=INTERVAL_S, settle_intervals=1, verify_intervals=5, backoff_s=600.0))
     source = tuner.source
     stop = threading.Event()
@@ -260,6 +254,7 @@ def run_phase(engine: Engine, cal: Calibration, name: str, seconds: float, out: 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and engine.busy() > 0:  # let aborted requests leave before the next phase
         time.sleep(0.5)
+    phase.records = list(history.records)
     return phase
 
 

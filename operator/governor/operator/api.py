@@ -436,12 +436,13 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
     return errors
 
 
-def _drop_nulls(value: Any) -> Any:
-    # The API server prunes nulls of non-nullable fields (none is nullable here) before defaulting.
+def drop_nulls(value: Any) -> Any:
+    """`value` without null map entries, recursively: what the API server does to nulls of non-nullable
+    fields (none is nullable here) before defaulting."""
     if isinstance(value, Mapping):
-        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_drop_nulls(v) for v in value]
+        return [drop_nulls(v) for v in value]
     return value
 
 
@@ -472,7 +473,7 @@ def parse_spec(raw: object) -> InferenceServiceSpec | list[FieldError]:
     if not isinstance(raw, Mapping):
         return [FieldError("spec", f"expected an object, got {type(raw).__name__}")]
     try:
-        spec = InferenceServiceSpec.model_validate(_drop_nulls(raw), by_alias=True, by_name=False)
+        spec = InferenceServiceSpec.model_validate(drop_nulls(raw), by_alias=True, by_name=False)
     except ValidationError as e:
         return [FieldError(_path(tuple(err["loc"])), _message(err)) for err in e.errors()]
     return validate_spec(spec) or spec

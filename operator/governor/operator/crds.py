@@ -38,14 +38,6 @@ _KEPT = ("type", "description", "default", "enum", "pattern", "minimum", "maximu
          "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields")
 
 
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
-
-
 def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """One JSON Schema node (pydantic's dialect) as a structural OpenAPI v3 node, $refs resolved from `defs`."""
     node = dict(schema)
@@ -76,7 +68,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         elif key == "items":
             value = structural(value, defs)
         elif key == "default":
-            value = _without_nulls(value)
+            value = api.drop_nulls(value)
             if value is None:
                 continue
         out[key] = value

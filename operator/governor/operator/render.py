@@ -46,6 +46,7 @@ from typing import Any
 
 from governor import contract
 from governor.operator.api import API_VERSION, KIND, InferenceServiceSpec, parse_model_uri
+from governor.tuner.policy import DEFAULT_BOUNDS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
 PORT = 8000
 PORT_NAME = "http"
@@ -70,7 +71,7 @@ REVISION_KEY = "revision"
 
 # The knobs with a `governor serve` start flag, and the tuner's default range max, used as the cap when
 # spec.autotune.bounds gives none (equal to the engine's default starting values).
-STARTED_KNOBS: dict[str, int] = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+STARTED_KNOBS: dict[str, int] = {knob: DEFAULT_BOUNDS[knob][1] for knob in (MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS)}
 SPEC_KNOB = "num_speculative_tokens"
 
 

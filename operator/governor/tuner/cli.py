@@ -22,12 +22,10 @@ from pathlib import Path
 
 from governor import contract
 from governor.tuner.loop import EngineActuator, EngineSource, SignalSource, Tuner, TunerSettings
-from governor.tuner.policy import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, NUM_SPECULATIVE_TOKENS, Bounds, Controller
+from governor.tuner.policy import DEFAULT_BOUNDS, Bounds, Controller
 from governor.tuner.records import FanOut, JsonlSink, LogSink, MetricsSink, RecordSink
 from governor.tuner.scrape import EngineScraper
 from governor.tuner.signals import SLO
-
-DEFAULT_BOUNDS = {MAX_NUM_SEQS: (1, 256), MAX_NUM_BATCHED_TOKENS: (256, 8192), NUM_SPECULATIVE_TOKENS: (0, 8)}
 
 
 def parse_bounds(specs: list[str]) -> Bounds:

@@ -208,21 +208,6 @@ class Tuner:
             next_at += self.settings.interval_s
             stop.wait(max(0.0, next_at - clock()))
 
-    # --- state for status and the demo ----------------------------------------------------------
-
-    def state(self) -> dict[str, object]:
-        """What the operator writes to status.tuning and the demo shows: knobs, hold, pending change."""
-        return {
-            "knobs": self.current,
-            "frozen": self.frozen,
-            "hold": self.controller.hold.value if self.controller.hold else None,
-            "pending": None if self.pending is None else {
-                "id": self.pending.id, "knob": self.pending.decision.knob,
-                "from": self.pending.decision.from_value, "to": self.pending.decision.to_value},
-            "lastDecision": None if self.last_record is None else self.last_record.model_dump(mode="json",
-                                                                                               by_alias=True),
-        }
-
     # --- internals --------------------------------------------------------------------------------
 
     def _emit(self, record: DecisionRecord) -> None:

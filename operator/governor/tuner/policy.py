@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
@@ -22,6 +21,9 @@ NUM_SPECULATIVE_TOKENS = "num_speculative_tokens"
 
 Bounds = dict[str, tuple[int, int]]
 """Per-knob hard limits, (min, max) inclusive; the controller never steps outside them."""
+
+DEFAULT_BOUNDS: Bounds = {MAX_NUM_SEQS: (1, 256), MAX_NUM_BATCHED_TOKENS: (256, 8192), NUM_SPECULATIVE_TOKENS: (0, 8)}
+"""Bounds where a service gives none (the max of the first two equals the engine's default starting values)."""
 
 # Thresholds of the classification rules (see `classify`).
 KV_QUEUEING_CEILING = 0.9  # above this KV fill, more sequences would only preempt
@@ -231,20 +233,6 @@ class Decision:
     reason: Bottleneck
     evidence: list[Evidence]
     windows: int = 1  # consecutive fresh windows, this one included, that showed the bottleneck
-
-    def to_record(self, service: str, revision: str) -> dict[str, Any]:
-        """The JSON decision record (status history, Events, logs); `outcome` stays pending until verified."""
-        return {
-            "time": datetime.fromtimestamp(self.time, tz=timezone.utc).isoformat().replace("+00:00", "Z"),
-            "service": service,
-            "revision": revision,
-            "knob": self.knob,
-            "from": self.from_value,
-            "to": self.to_value,
-            "reason": self.reason.value,
-            "evidence": [e.to_record() for e in self.evidence],
-            "outcome": "pending",
-        }
 
 
 @dataclass

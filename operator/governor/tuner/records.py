@@ -96,9 +96,10 @@ class JsonlSink:
 
 
 class HistorySink:
-    """The last `limit` records, newest last: the bounded history the operator writes to status."""
+    """The last `limit` records (all with None), newest last: the bounded history the operator writes to
+    status, or a whole run's records (the simulator, the demo)."""
 
-    def __init__(self, limit: int = 20) -> None:
+    def __init__(self, limit: int | None = 20) -> None:
         self.records: deque[DecisionRecord] = deque(maxlen=limit)
 
     def emit(self, record: DecisionRecord) -> None:

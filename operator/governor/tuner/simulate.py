@@ -33,7 +33,7 @@ from typing import Any
 from governor.tuner.actuate import ActuationResult, EngineActuation, EngineStatus
 from governor.tuner.loop import Tuner, TunerSettings
 from governor.tuner.policy import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, NUM_SPECULATIVE_TOKENS, Bounds, Controller
-from governor.tuner.records import DecisionRecord, Outcome
+from governor.tuner.records import DecisionRecord, HistorySink, Outcome
 from governor.tuner.signals import SLO, Signals
 
 SLICE_S = 0.5
@@ -314,14 +314,6 @@ class SimulatedService:
         return ActuationResult(dict(changes), (EngineActuation("sim://engine-0", status, 200, "", effective),))
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.records: list[DecisionRecord] = []
-
-    def emit(self, record: DecisionRecord) -> None:
-        self.records.append(record)
-
-
 def met(w: Window, slo: SLO) -> bool:
     """Every SLO of the scenario met in this window (as observed)."""
     return w.ttft <= slo.ttft_p95_s and w.itl <= slo.itl_p95_s and (slo.e2e_p95_s is None or w.e2e <= slo.e2e_p95_s)
@@ -339,7 +331,7 @@ def run_once(scenario: Scenario, seed: int, tuned: bool, settings: TunerSettings
              controller_args: dict[str, Any] | None = None) -> Run:
     """One run of `scenario`: the model advances one interval, then the tuner (if `tuned`) steps once."""
     service = SimulatedService(scenario, seed, settings.interval_s)
-    sink = ListSink()
+    sink = HistorySink(limit=None)
     controller = Controller(slo=scenario.slo, bounds=scenario.bounds, scrape_interval_s=settings.interval_s,
                             window=f"{settings.interval_s:g}s", **(controller_args or {}))
     tuner = Tuner(scenario.name, "sim", controller, service, service, sink, settings)
@@ -349,7 +341,7 @@ def run_once(scenario: Scenario, seed: int, tuned: bool, settings: TunerSettings
         if tuned:
             tuner.step(service.t)
             frozen += int(tuner.frozen)
-    return Run(scenario, service.windows, sink.records, frozen)
+    return Run(scenario, service.windows, list(sink.records), frozen)
 
 
 def _reversals(records: list[DecisionRecord]) -> int:
