@@ -1,8 +1,14 @@
 """KMock's Kubernetes emulator on 127.0.0.1 in a background thread, for the operator tests.
 
 The emulator stores objects as given; `Emulator` assigns the fields a real API server would (uid,
-resourceVersion, creationTimestamp, and generation bumped on spec changes), because kopf and the
-kubernetes client rely on them. It does no garbage collection and no strategic merge (see TESTING.md).
+resourceVersion, creationTimestamp, a name from generateName, and generation bumped on spec changes),
+because kopf and the kubernetes client rely on them. It does no garbage collection and no strategic merge
+(see TESTING.md).
+
+Subresources: a PATCH of `.../<name>/status` is a JSON merge patch of the whole stored object (the emulator
+does not confine it to `status`, nor drop `status` from a patch of the object itself, as an API server
+does); `subresources` in `RESOURCES` only puts `<plural>/status` into discovery. List requests ignore
+`labelSelector`: callers filter by labels themselves. There is no kubelet: Pods are stored as given.
 """
 
 from __future__ import annotations
@@ -28,13 +34,15 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/secrets": {"kind": "Secret", "singular": "secret", "namespaced": True},
     "v1/services": {"kind": "Service", "singular": "service", "namespaced": True},
     "v1/events": {"kind": "Event", "singular": "event", "namespaced": True},
+    "v1/pods": {"kind": "Pod", "singular": "pod", "namespaced": True},
     "apps/v1/deployments": {"kind": "Deployment", "singular": "deployment", "namespaced": True},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition",
                                                           "singular": "customresourcedefinition",
                                                           "namespaced": False},
     "monitoring.coreos.com/v1/podmonitors": {"kind": "PodMonitor", "singular": "podmonitor", "namespaced": True},
+    # The CRD declares the status subresource; discovery says so, and kopf then writes status through it.
     "governor.dev/v1alpha1/inferenceservices": {"kind": "InferenceService", "singular": "inferenceservice",
-                                                "namespaced": True},
+                                                "namespaced": True, "subresources": ["status"]},
 }
 
 
@@ -48,6 +56,8 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if request.resource is not None and data is not None:
             meta = data.setdefault("metadata", {})
             if request.action == enums.action.CREATE:
+                if not meta.get("name") and meta.get("generateName"):  # kopf's Events, for one
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("generation", 1)
                 meta.setdefault("creationTimestamp",

@@ -52,8 +52,8 @@ FULL: dict[str, Any] = {
                    "numSpeculativeTokens": {"min": 0, "max": 4}},
     },
     "rollout": {
-        "steps": [{"weight": 0, "pause": "1m"}, {"weight": 25, "pause": "5m"}, {"weight": 75, "pause": "5m"}],
-        "rollbackOn": [{"metric": "ttft_p95", "comparison": "relative", "threshold": 0.2, "for": "2m"},
+        "steps": [{"weight": 5, "pause": "1m"}, {"weight": 25, "pause": "5m"}, {"weight": 75, "pause": "5m"}],
+        "rollbackOn": [{"metric": "ttft_p95", "comparison": "relative", "threshold": 1.2, "for": "2m"},
                        {"metric": "error_rate", "comparison": "absolute", "threshold": 0.05, "for": "30s"}],
     },
 }
@@ -129,7 +129,7 @@ def test_minimal_spec_gets_every_default() -> None:
 
 
 def test_rollback_trigger_defaults() -> None:
-    spec = spec_of(with_changes(MINIMAL, **{"rollout.rollbackOn": [{"metric": "itl_p95", "threshold": 0.1}]}))
+    spec = spec_of(with_changes(MINIMAL, **{"rollout.rollbackOn": [{"metric": "itl_p95", "threshold": 1.1}]}))
     trigger = spec.rollout.rollback_on[0]
     assert (trigger.comparison, trigger.for_) == ("relative", "2m")
 
@@ -270,6 +270,16 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"rollout.steps": [{"weight": 50}, {"weight": 50}]}, "spec.rollout.steps[1].weight"),
     "rollout step of 100": (
         {"rollout.steps": [{"weight": 10}, {"weight": 100}]}, "spec.rollout.steps[1].weight"),
+    "relative latency trigger below 1 (would fire on a better canary)": (
+        {"rollout.rollbackOn": [{"metric": "ttft_p95", "threshold": 0.2}]}, "spec.rollout.rollbackOn[0].threshold"),
+    "relative throughput trigger above 1": (
+        {"rollout.rollbackOn": [{"metric": "throughput", "threshold": 1.5}]}, "spec.rollout.rollbackOn[0].threshold"),
+    "absolute error rate above 1": (
+        {"rollout.rollbackOn": [{"metric": "error_rate", "comparison": "absolute", "threshold": 2.0}]},
+        "spec.rollout.rollbackOn[0].threshold"),
+    "trigger window under a second": (
+        {"rollout.rollbackOn": [{"metric": "itl_p95", "threshold": 1.5, "for": "500ms"}]},
+        "spec.rollout.rollbackOn[0].for"),
 }
 
 

@@ -1,7 +1,8 @@
 """The real operator (`governor operator`, kopf) against KMock's Kubernetes emulator over HTTP.
 
 Create → children with owners; invalid spec → InvalidSpec and nothing created; replicas update →
-Deployment follows; manual drift → corrected by the periodic reconcile; operator restart → no writes.
+Deployment follows; manual drift → corrected by the periodic reconcile; operator restart → no writes;
+a new revision without rollout steps replaces the old one (canary rollouts: tests/test_operator_rollouts.py).
 Deletion's garbage collection is the API server's (ownerReferences); the emulator has none, so it is
 left to e2e/. Every wait is bounded.
 """
@@ -38,9 +39,10 @@ class Operator:
     """`governor operator -A` against the emulator; PodMonitors are rendered when the emulator serves their
     API group (it does: `monitoring.coreos.com/v1/podmonitors` is declared), as in a cluster with the CRD."""
 
-    def __init__(self, cluster: Cluster, log: Path) -> None:
+    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GOVERNOR_RECONCILE_INTERVAL_S": "2"}
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GOVERNOR_RECONCILE_INTERVAL_S": "2",
+               **(env or {})}
         self.out = log.open("w")
         self.proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "operator", "-A"], env=env,
                                      stdout=self.out, stderr=subprocess.STDOUT)
@@ -104,9 +106,10 @@ def test_create_renders_owned_children_and_reports_status(cluster: Cluster, oper
     owner = create_service(cluster, "chat", SPEC)
     kids = wait_for(lambda: (c := children(cluster)) and any(k.startswith("Deployment/") for k in c) and c,
                     60, operator.log, "no Deployment")
-    assert {"Service/chat", "ConfigMap/chat-engine-config", "Secret/chat-admin-token"} <= set(kids)
     deployment = next(v for k, v in kids.items() if k.startswith("Deployment/"))
-    owned = [deployment, kids["Service/chat"], kids["ConfigMap/chat-engine-config"], kids["Secret/chat-admin-token"]]
+    config = f"ConfigMap/{deployment['metadata']['name']}-config"
+    assert {"Service/chat", config, "Secret/chat-admin-token"} <= set(kids)
+    owned = [deployment, kids["Service/chat"], kids[config], kids["Secret/chat-admin-token"]]
     for obj in owned:
         refs = obj["metadata"]["ownerReferences"]
         assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [("InferenceService", "chat",
@@ -175,8 +178,9 @@ def test_updates_follow_and_drift_is_corrected_and_a_restart_writes_nothing(clus
         again.stop()
 
 
-def test_a_new_revision_replaces_the_old_deployment(cluster: Cluster, operator: Operator) -> None:
-    create_service(cluster, "chat", SPEC)
+def test_without_rollout_steps_a_new_revision_replaces_the_old_deployment(cluster: Cluster,
+                                                                          operator: Operator) -> None:
+    create_service(cluster, "chat", {**SPEC, "rollout": {"steps": []}})  # canaries: tests/test_operator_rollouts.py
     first = wait_for(lambda: [k for k in children(cluster) if k.startswith("Deployment/")], 60, operator.log,
                      "no Deployment")
     merge = {"Content-Type": "application/merge-patch+json"}
@@ -198,7 +202,7 @@ def test_knob_bounds_change_the_engine_caps_and_delete_releases_the_service(clus
     create_service(cluster, "chat", SPEC)
     wait_for(lambda: any(k.startswith("Deployment/") for k in children(cluster)), 60, operator.log, "no Deployment")
     merge = {"Content-Type": "application/merge-patch+json"}
-    bounds = {"autotune": {"bounds": {"maxNumSeqs": {"min": 2, "max": 48}}}}
+    bounds = {"autotune": {"bounds": {"maxNumSeqs": {"min": 2, "max": 48}}}, "rollout": {"steps": []}}
     r = httpx.patch(cluster.url + f"{IS_PATH}/chat", json={"spec": bounds}, headers=merge, timeout=5)
     assert r.status_code == 200, r.text
 

@@ -129,6 +129,7 @@ def test_cluster_role_grants_exactly_least_privilege() -> None:
         ("monitoring.coreos.com", "podmonitors"): crud,
         ("apiextensions.k8s.io", "customresourcedefinitions"): ["get", "list", "watch"],
         ("", "namespaces"): ["get", "list", "watch"],
+        ("", "pods"): ["get", "list"],  # the tuner finds each ready engine pod's admin API
     }
 
 
@@ -145,7 +146,8 @@ def test_operator_runs_standalone_so_needs_no_peering_rbac() -> None:
     assert "--standalone" in container["args"]
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert {e["name"] for e in container["env"]} == {"GOVERNOR_PROMETHEUS_URL", "GOVERNOR_LOG_LEVEL"}
+    assert {e["name"] for e in container["env"]} == {"GOVERNOR_PROMETHEUS_URL", "GOVERNOR_PROMETHEUS_SCRAPE_INTERVAL_S",
+                                                     "GOVERNOR_RECONCILE_INTERVAL_S", "GOVERNOR_LOG_LEVEL"}
     assert not any("kopf.dev" in g for rule in _cluster_role()["rules"] for g in rule["apiGroups"])
 
 

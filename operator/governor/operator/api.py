@@ -246,20 +246,27 @@ class AutotuneSpec(_Wire):
 class RolloutStep(_Wire):
     """One canary step: shift `weight` percent of traffic to the new revision, then judge it for `pause`."""
 
-    weight: int = Field(ge=0, le=100, description="Percent of traffic on the new revision during this step.")
-    pause: Duration = Field(default="2m", description="How long the step is judged before the next.")
+    weight: int = Field(ge=1, le=100, description=(
+        "Percent of traffic on the new revision during this step (by replica ratio behind the shared Service: "
+        "the canary gets enough pods for about this share; status.rollout.canaryWeight reports the actual one)."))
+    pause: Duration = Field(default="2m", description=(
+        "How long the step is judged, counted from when the canary's pods are ready, before the next step."))
 
 
 class RollbackTrigger(_Wire):
-    """A condition, canary against stable, that rolls a rollout back when it holds for `for`."""
+    """A condition on the canary that rolls the rollout back, judged over the window `for` at every check."""
 
     metric: Literal["ttft_p95", "itl_p95", "e2e_p95", "error_rate", "throughput"] = Field(
-        description="Metric judged on the canary (latencies in seconds, error rate 0..1, throughput tokens/s).")
+        description="Metric judged on the canary: p95 latencies in seconds, error rate 0..1, or generated "
+                    "tokens/s per engine (throughput).")
     comparison: Literal["absolute", "relative"] = Field(default="relative", description=(
-        "'absolute': the canary's value passes `threshold` (for throughput: falls below it); 'relative': the "
-        "canary is worse than stable by more than `threshold` as a fraction (0.2 = 20% worse)."))
-    threshold: float = Field(gt=0.0, description="Threshold, in the metric's unit or as a fraction (relative).")
-    for_: Duration = Field(default="2m", alias="for", description="How long the condition must hold to fire.")
+        "'absolute': fires when the canary's value passes `threshold` (above it; for throughput, below it). "
+        "'relative': `threshold` is a ratio to stable: fires when canary > threshold × stable (1.2 = 20% worse; "
+        "for throughput, canary < threshold × stable)."))
+    threshold: float = Field(gt=0.0, description="The limit in the metric's unit (absolute), or the ratio to "
+                                                 "stable (relative).")
+    for_: Duration = Field(default="2m", alias="for", description=(
+        "Window the metric is computed over (canary and stable alike), e.g. '2m'."))
 
 
 def _default_steps() -> list[RolloutStep]:
@@ -326,8 +333,9 @@ class InferenceServiceStatus(_Status):
     conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
     tuning: dict[str, Any] | None = Field(default=None, description="The tuner's state: effective knob values "
                                                                     "and recent decision records.")
-    rollout: dict[str, Any] | None = Field(default=None, description="The current or last rollout: step, "
-                                                                     "revisions, fired trigger.")
+    rollout: dict[str, Any] | None = Field(default=None, description=(
+        "The current or last rollout: phase, step, canaryWeight, stable and canary revisions with their "
+        "pod-template hashes, the last trigger verdicts, and lastRollback (see docs/rollouts.md)."))
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -359,7 +367,9 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
     - each autotune bound has min ≤ max (min ≥ 1 for maxNumSeqs and maxNumBatchedTokens), and a knob's
       starting value lies inside its bound;
     - SLO targets and tuner intervals are positive durations;
-    - rollout step weights strictly increase and stay below 100 (promotion to 100 is implicit).
+    - rollout step weights strictly increase and stay below 100 (promotion to 100 is implicit);
+    - a relative rollback trigger's threshold is a ratio pointing the worse way (≥ 1; ≤ 1 for throughput),
+      an absolute error-rate threshold is a fraction, and every trigger window is at least 1s.
     """
     errors: list[FieldError] = []
     err = errors.append
@@ -424,6 +434,19 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
                         ("spec.autotune.interval", spec.autotune.interval)):
         if value is not None and duration_seconds(value) <= 0:
             err(FieldError(path, f"must be longer than zero, got {value!r}"))
+
+    for i, trigger in enumerate(spec.rollout.rollback_on):
+        path = f"spec.rollout.rollbackOn[{i}]"
+        if duration_seconds(trigger.for_) < 1:
+            err(FieldError(f"{path}.for", f"must be at least 1s (a Prometheus rate window), got {trigger.for_!r}"))
+        if trigger.comparison == "relative" and trigger.metric != "throughput" and trigger.threshold < 1:
+            err(FieldError(f"{path}.threshold", f"a relative {trigger.metric} threshold is a ratio to stable and must "
+                                                f"be ≥ 1 (1.2 = 20% worse), got {trigger.threshold:g}"))
+        if trigger.comparison == "relative" and trigger.metric == "throughput" and trigger.threshold > 1:
+            err(FieldError(f"{path}.threshold", "a relative throughput threshold is a ratio to stable and must be "
+                                                f"≤ 1 (0.8 = 20% less), got {trigger.threshold:g}"))
+        if trigger.comparison == "absolute" and trigger.metric == "error_rate" and trigger.threshold > 1:
+            err(FieldError(f"{path}.threshold", f"an error rate is a fraction 0..1, got {trigger.threshold:g}"))
 
     steps = spec.rollout.steps
     for i, step in enumerate(steps):

@@ -14,11 +14,14 @@ from typing import Any
 import kopf
 import kubernetes
 
+from governor.operator.analysis import PrometheusQuery, Query, no_prometheus
 from governor.operator.api import GROUP, PLURAL, VERSION
 from governor.operator.reconcile import delete_children, reconcile
+from governor.operator.rollout import ACTION_ANNOTATION
 
 INTERVAL_S = float(os.environ.get("GOVERNOR_RECONCILE_INTERVAL_S", "30"))
 POD_MONITOR = os.environ.get("GOVERNOR_POD_MONITOR", "auto")
+PROMETHEUS_URL = os.environ.get("GOVERNOR_PROMETHEUS_URL", "")
 
 
 @kopf.on.startup()
@@ -43,13 +46,20 @@ def _pod_monitor_available(namespace: str) -> bool:
     return True
 
 
+def _query() -> Query:
+    return PrometheusQuery(PROMETHEUS_URL) if PROMETHEUS_URL else no_prometheus
+
+
 def _run(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger) -> None:
     meta = body["metadata"]
     namespace = meta["namespace"]
     outcome = reconcile(meta["name"], namespace, meta["uid"], int(meta.get("generation") or 1), body.get("spec"),
-                        body.get("status") or {}, pod_monitor=_pod_monitor_available(namespace))
+                        body.get("status") or {}, meta.get("annotations") or {},
+                        pod_monitor=_pod_monitor_available(namespace), query=_query())
     for key, value in outcome.status.items():
         patch.status[key] = value
+    if outcome.consumed_action:  # one-shot: the rollout's state in status remembers what it did
+        patch.metadata.annotations[ACTION_ANNOTATION] = None
     for reason, message, type_ in outcome.events:
         kopf.event(body, type=type_, reason=reason, message=message)
         logger.info("%s: %s", reason, message)
@@ -59,6 +69,12 @@ def _run(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger) -> None:
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    _run(body, patch, logger)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, annotations={ACTION_ANNOTATION: kopf.PRESENT})
+def on_rollout_action(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    """pause, resume, abort or promote, asked for with `kubectl annotate ... governor.dev/rollout-action=...`."""
     _run(body, patch, logger)
 
 
@@ -72,3 +88,4 @@ def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     meta = body["metadata"]
     removed = delete_children(meta["name"], meta["namespace"])
     logger.info("deleted children: %s", ", ".join(removed) or "none")
+

@@ -11,16 +11,43 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from governor.operator.analysis import Query, judge, no_prometheus
 from governor.operator.api import InferenceServiceSpec, parse_spec
-from governor.operator.render import LABEL_REVISION, LABEL_SERVICE, admin_secret, render, revision_hash
+from governor.operator.render import (
+    LABEL_REVISION,
+    LABEL_SERVICE,
+    TEMPLATE_HASH_ANNOTATION,
+    admin_secret,
+    config_map_name,
+    deployment_name,
+    render,
+    revision_hash,
+    synced_knobs,
+)
+from governor.operator.rollout import (
+    ABORTED,
+    ACTION_ANNOTATION,
+    ACTIONS,
+    ENDED_WITHOUT_PROMOTION,
+    PAUSED,
+    PROMOTED,
+    ROLLED_BACK,
+    Rollout,
+    Transition,
+    advance,
+    replicas_during,
+    stamp,
+    start,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +88,7 @@ class Outcome:
     status: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)  # "created Deployment/x", "updated Service/y"
+    consumed_action: bool = False  # a rollout-action annotation was read: the caller removes it
 
 
 # kind → (read, create, patch) on the namespaced typed APIs.
@@ -124,19 +152,61 @@ def ensure_admin_secret(name: str, namespace: str, uid: str) -> str | None:
     return f"created Secret/{body['metadata']['name']}"
 
 
-def prune_old_revisions(name: str, namespace: str, revision: str) -> list[str]:
-    """Delete this service's Deployments of other revisions: until canary rollouts exist, a new revision
-    replaces the old one at once (the Service already routes to the new pods by its service label)."""
-    apps = client.AppsV1Api()
-    found = apps.list_namespaced_deployment(namespace, label_selector=f"{LABEL_SERVICE}={name}")
+def prune_revisions(name: str, namespace: str, keep: set[str]) -> list[str]:
+    """Delete this service's Deployments and ConfigMaps of revisions not in `keep` (a replaced stable, a
+    rolled-back or superseded canary)."""
+    core, apps = client.CoreV1Api(), client.AppsV1Api()
+    selector = f"{LABEL_SERVICE}={name}"
     removed = []
-    for dep in found.items:
-        d = _as_dict(dep)
-        labels = d["metadata"].get("labels") or {}
-        if labels.get(LABEL_REVISION) != revision:
-            apps.delete_namespaced_deployment(d["metadata"]["name"], namespace)
-            removed.append(f"deleted Deployment/{d['metadata']['name']} (revision {labels.get(LABEL_REVISION)})")
+    for kind, lister, deleter in (("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
+                                  ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map)):
+        for item in lister(namespace, label_selector=selector).items:
+            meta = _as_dict(item)["metadata"]
+            labels = meta.get("labels") or {}
+            revision = labels.get(LABEL_REVISION)
+            if labels.get(LABEL_SERVICE) != name or revision is None or revision in keep:
+                continue
+            try:
+                deleter(meta["name"], namespace)
+                removed.append(f"deleted {kind}/{meta['name']} (revision {revision})")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
     return removed
+
+
+def revision_deployments(name: str, namespace: str) -> dict[str, dict[str, Any]]:
+    """This service's Deployments by revision label."""
+    found = client.AppsV1Api().list_namespaced_deployment(namespace, label_selector=f"{LABEL_SERVICE}={name}")
+    out = {}
+    for item in found.items:
+        d = _as_dict(item)
+        labels = d["metadata"].get("labels") or {}
+        if labels.get(LABEL_SERVICE) == name and labels.get(LABEL_REVISION):
+            out[labels[LABEL_REVISION]] = d
+    return out
+
+
+def keep_stable(name: str, namespace: str, revision: str, replicas: int, status: Mapping[str, Any]) -> list[str]:
+    """Hold the stable Deployment of `revision` (not the spec's) at `replicas` pods without re-rendering its
+    template, and keep its ConfigMap's starting knobs on the tuned values."""
+    writes = []
+    apps, core = client.AppsV1Api(), client.CoreV1Api()
+    dep = _as_dict(apps.read_namespaced_deployment(deployment_name(name, revision), namespace))
+    if (dep.get("spec") or {}).get("replicas") != replicas:
+        apps.patch_namespaced_deployment(dep["metadata"]["name"], namespace, {"spec": {"replicas": replicas}})
+        writes.append(f"scaled Deployment/{dep['metadata']['name']} to {replicas}")
+    try:
+        cm = _as_dict(core.read_namespaced_config_map(config_map_name(name, revision), namespace))
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return writes
+    data = synced_knobs(cm, status)
+    if data is not None:
+        core.patch_namespaced_config_map(cm["metadata"]["name"], namespace, {"data": data})
+        writes.append(f"updated ConfigMap/{cm['metadata']['name']} (tuned knobs)")
+    return writes
 
 
 def delete_children(name: str, namespace: str) -> list[str]:
@@ -151,7 +221,10 @@ def delete_children(name: str, namespace: str) -> list[str]:
             ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map),
             ("Secret", core.list_namespaced_secret, core.delete_namespaced_secret)):
         for item in lister(namespace, label_selector=selector).items:
-            child = str(_as_dict(item)["metadata"]["name"])
+            meta = _as_dict(item)["metadata"]
+            if (meta.get("labels") or {}).get(LABEL_SERVICE) != name:
+                continue  # the selector already says so; checked again before anything is deleted
+            child = str(meta["name"])
             try:
                 deleter(child, namespace)
                 removed.append(f"deleted {kind}/{child}")
@@ -161,62 +234,182 @@ def delete_children(name: str, namespace: str) -> list[str]:
     return removed
 
 
-def _ready_replicas(name: str, namespace: str) -> tuple[int, int]:
-    try:
-        dep = _as_dict(client.AppsV1Api().read_namespaced_deployment(name, namespace))
-    except ApiException:
-        return 0, 0
-    st = dep.get("status") or {}
-    return int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0)
+def _ready(deployment: Mapping[str, Any] | None) -> int:
+    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def _replicas(deployment: Mapping[str, Any] | None) -> int:
+    return int(((deployment or {}).get("status") or {}).get("replicas") or 0)
+
+
+def _template_hash(deployment: Mapping[str, Any] | None) -> str:
+    return str((((deployment or {}).get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION, ""))
+
+
+def read_action(annotations: Mapping[str, Any]) -> tuple[str | None, list[tuple[str, str, str]]]:
+    """The rollout action asked for by annotation (None if none) and a Warning for an unknown one."""
+    value = annotations.get(ACTION_ANNOTATION)
+    if value is None:
+        return None, []
+    if value in ACTIONS:
+        return str(value), []
+    return None, [("UnknownRolloutAction", f"annotation {ACTION_ANNOTATION}={value!r} ignored: expected one of "
+                                           f"{', '.join(ACTIONS)}", "Warning")]
+
+
+def _tuning_condition(spec: InferenceServiceSpec, status: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Tuning condition (status, reason, message) from the tuner's state in status.tuning.state."""
+    if not spec.autotune.enabled:
+        return "False", "AutotuneDisabled", "spec.autotune.enabled is false"
+    state = (status.get("tuning") or {}).get("state")
+    if not isinstance(state, Mapping):
+        return "Unknown", "TunerStarting", "the tuner has not reported yet"
+    reason = str(state.get("reason") or ("Frozen" if state.get("frozen") else "Tuning"))
+    return ("False" if state.get("frozen") else "True"), reason, str(state.get("message") or "")
 
 
 def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: Any, status: Mapping[str, Any],
-              *, pod_monitor: bool) -> Outcome:
-    """One level-based pass over an InferenceService; returns the status to patch and the Events."""
-    now = _now()
+              annotations: Mapping[str, Any] | None = None, *, pod_monitor: bool, query: Query = no_prometheus,
+              now: float | None = None) -> Outcome:
+    """One level-based pass over an InferenceService: children, rollout, status and Events.
+
+    `query` answers the rollout's PromQL (`analysis.PrometheusQuery`, or `no_prometheus`); `annotations` may
+    hold a rollout action, which the caller removes when `Outcome.consumed_action` is set."""
+    now_s = time.time() if now is None else now
+    stamp_now = _now()
     conditions = list(status.get("conditions") or [])
+    action, events = read_action(annotations or {})
+    consumed = (annotations or {}).get(ACTION_ANNOTATION) is not None
     parsed = parse_spec(raw_spec)
     if not isinstance(parsed, InferenceServiceSpec):
         message = "; ".join(f"{e.path}: {e.message}" for e in parsed)[:1000]
-        conditions = set_condition(conditions, "Ready", "False", "InvalidSpec", message, generation, now)
+        conditions = set_condition(conditions, "Ready", "False", "InvalidSpec", message, generation, stamp_now)
         conditions = set_condition(conditions, "Progressing", "False", "InvalidSpec", "nothing is created from "
-                                   "an invalid spec", generation, now)
+                                   "an invalid spec", generation, stamp_now)
         old_ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
         changed = status.get("phase") != "Failed" or old_ready.get("message") != message
         return Outcome({"observedGeneration": generation, "phase": "Failed", "conditions": conditions},
                        [("InvalidSpec", message, "Warning")] if changed else [])
 
     spec = parsed
-    rev = revision_hash(spec)
+    desired = revision_hash(spec)
     writes = [w for w in [ensure_admin_secret(name, namespace, uid)] if w]
-    desired = render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor)
-    for obj in desired:
-        w = apply_child(obj)
-        if w:
-            writes.append(w)
-    writes += prune_old_revisions(name, namespace, rev)
-    deployment = next(o["metadata"]["name"] for o in desired if o["kind"] == "Deployment")
-    replicas, ready = _ready_replicas(deployment, namespace)
+    existing = revision_deployments(name, namespace)
+    stable = status.get("revision")
+    if stable not in existing:
+        stable = None  # first deployment, or the stable Deployment is gone: nothing to compare a canary with
+    last = Rollout.from_status(status.get("rollout"))
+    rollout = last
+    transitions: list[Transition] = []
+
+    def apply_all(replicas: int | None = None) -> list[dict[str, Any]]:
+        desired_children = render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor,
+                                  replicas=replicas)
+        writes.extend(w for obj in desired_children if (w := apply_child(obj)))
+        return desired_children
+
+    degraded: tuple[str, str] | None = None
+    if stable is None or stable == desired or not spec.rollout.steps or spec.replicas == 0:
+        if rollout is not None and rollout.active:
+            why = "the spec returned to the stable revision" if stable == desired else \
+                "the spec's revision replaces the old one at once (no steps, no replicas, or no stable Deployment)"
+            rollout = replace(rollout, phase=ABORTED if stable == desired else PROMOTED, reason="SpecChanged",
+                              message=why, step_started_at=None, ended_at=stamp(now_s))
+            transitions.append(Transition("RolloutEnded", f"rollout of {last.canary_revision if last else '?'} "
+                                                          f"ended: {why}"))
+        apply_all()
+        stable, keep = desired, {desired}
+    elif rollout is not None and rollout.canary_revision == desired and rollout.phase in ENDED_WITHOUT_PROMOTION:
+        writes += keep_stable(name, namespace, stable, spec.replicas, status)
+        apply_shared(name, namespace, uid, generation, spec, status, pod_monitor, writes)
+        keep = {stable}
+        degraded = (rollout.phase, _divergence(desired, stable, rollout))
+    else:
+        if rollout is None or not rollout.active or rollout.canary_revision != desired \
+                or rollout.stable_revision != stable:
+            if rollout is not None and rollout.active:
+                transitions.append(Transition("RolloutSuperseded", f"revision {rollout.canary_revision} is no longer "
+                                              f"the spec's; rolling out {desired} instead", "Warning"))
+            rendered = render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor)
+            canary_hash = _template_hash(next(o for o in rendered if o["kind"] == "Deployment"))
+            rollout, started = start(stable, desired, _template_hash(existing[stable]), canary_hash,
+                                     spec.rollout.steps, spec.replicas, now_s, last)
+            transitions.append(started)
+        _, canary_count = replicas_during(rollout, spec.replicas)
+        canary_ready = _ready(existing.get(desired)) >= canary_count
+        manual_hold = rollout.phase == PAUSED and rollout.reason == "ManualPause" and action != "resume"
+        judgement = None
+        if canary_ready and not manual_hold and action not in ("abort", "promote") and spec.rollout.rollback_on:
+            judgement = judge(spec.rollout.rollback_on, query, spec.model.served_name or name, stable, desired)
+        rollout, moved = advance(rollout, spec.rollout.steps, spec.replicas, action=action, canary_ready=canary_ready,
+                                 judgement=judgement, now=now_s)
+        transitions += moved
+        if rollout.phase == PROMOTED:
+            apply_all()
+            stable, keep = desired, {desired}
+        elif rollout.phase in ENDED_WITHOUT_PROMOTION:
+            writes += keep_stable(name, namespace, stable, spec.replicas, status)
+            apply_shared(name, namespace, uid, generation, spec, status, pod_monitor, writes)
+            keep = {stable}
+            degraded = (rollout.phase, _divergence(desired, stable, rollout))
+        else:
+            writes += keep_stable(name, namespace, stable, spec.replicas, status)
+            apply_all(replicas_during(rollout, spec.replicas)[1])
+            keep = {stable, desired}
+    writes += prune_revisions(name, namespace, keep)
+    if action is not None and not transitions:
+        events.append(("RolloutActionIgnored", f"{ACTION_ANNOTATION}={action}: no rollout in progress that it "
+                                               "applies to", "Normal"))
+
+    stable_dep = revision_deployments(name, namespace).get(stable) if writes else existing.get(stable)
+    ready = _ready(stable_dep)
     want = spec.replicas
+    all_deps = existing.values()
+    active = rollout is not None and rollout.active
     if want == 0 or ready >= want:
-        phase, ready_status, reason, msg = "Ready", "True", "ReplicasReady", f"{ready}/{want} replicas ready"
+        ready_status, reason, msg = "True", "ReplicasReady", f"{ready}/{want} replicas of revision {stable} ready"
     else:
-        phase, ready_status, reason, msg = "Progressing", "False", "ReplicasStarting", f"{ready}/{want} replicas ready"
-    conditions = set_condition(conditions, "Ready", ready_status, reason, msg, generation, now)
-    conditions = set_condition(conditions, "Progressing", "False" if phase == "Ready" else "True",
-                               "RevisionAvailable" if phase == "Ready" else "RevisionRolling",
-                               f"revision {rev}", generation, now)
-    conditions = set_condition(conditions, "Degraded", "False", "AsSpecified", "running the revision the spec names",
-                               generation, now)
-    if spec.autotune.enabled:
-        conditions = set_condition(conditions, "Tuning", "Unknown", "TunerNotRunning",
-                                   "autotune is enabled; the tuner inside the operator is not implemented yet",
-                                   generation, now)
+        ready_status, reason, msg = "False", "ReplicasStarting", f"{ready}/{want} replicas of revision {stable} ready"
+    phase = "Degraded" if degraded else "Progressing" if active or ready_status == "False" else "Ready"
+    conditions = set_condition(conditions, "Ready", ready_status, reason, msg, generation, stamp_now)
+    if active and rollout is not None:
+        conditions = set_condition(conditions, "Progressing", "True", rollout.reason, rollout.message, generation,
+                                   stamp_now)
     else:
-        conditions = set_condition(conditions, "Tuning", "False", "AutotuneDisabled", "spec.autotune.enabled is false",
-                                   generation, now)
-    events = [("Reconciled", ", ".join(writes), "Normal")] if writes else []
+        conditions = set_condition(conditions, "Progressing", "False" if ready_status == "True" else "True",
+                                   "RevisionAvailable" if ready_status == "True" else "RevisionRolling",
+                                   f"revision {stable}", generation, stamp_now)
+    if degraded:
+        conditions = set_condition(conditions, "Degraded", "True", degraded[0], degraded[1], generation, stamp_now)
+    else:
+        conditions = set_condition(conditions, "Degraded", "False", "AsSpecified",
+                                   "running the revision the spec names" if not active else
+                                   "rolling out the revision the spec names", generation, stamp_now)
+    conditions = set_condition(conditions, "Tuning", *_tuning_condition(spec, status), generation, stamp_now)
+    if writes:
+        events.append(("Reconciled", ", ".join(writes), "Normal"))
+    events += [(t.reason, t.message, t.type) for t in transitions]
     if status.get("phase") != phase:
         events.append((phase, msg, "Normal"))
-    return Outcome({"observedGeneration": generation, "phase": phase, "revision": rev, "replicas": replicas,
-                    "readyReplicas": ready, "conditions": conditions}, events, writes)
+    new_status: dict[str, Any] = {
+        "observedGeneration": generation, "phase": phase, "revision": stable,
+        "replicas": sum(_replicas(d) for d in all_deps), "readyReplicas": sum(_ready(d) for d in all_deps),
+        "conditions": conditions}
+    if rollout is not None:
+        new_status["rollout"] = rollout.to_status()
+    return Outcome(new_status, events, writes, consumed_action=consumed)
+
+
+def _divergence(desired: str, stable: str, rollout: Rollout) -> str:
+    what = "rolled back" if rollout.phase == ROLLED_BACK else "aborted"
+    why = (rollout.last_rollback or {}).get("message") or rollout.message
+    return (f"the spec names revision {desired}, which was {what} ({why}); stable revision {stable} keeps serving. "
+            "It is not retried: change the spec to roll out again, or back to the stable revision.")
+
+
+def apply_shared(name: str, namespace: str, uid: str, generation: int, spec: InferenceServiceSpec,
+                 status: Mapping[str, Any], pod_monitor: bool, writes: list[str]) -> None:
+    """Apply the children every revision shares (Service, PodMonitor), not the spec's revision's own."""
+    for obj in render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor):
+        if obj["kind"] in ("Service", "PodMonitor") and (w := apply_child(obj)):
+            writes.append(w)

@@ -68,6 +68,8 @@ LABEL_REVISION = "governor.dev/revision"
 ADMIN_TOKEN_KEY = "token"
 ENGINE_JSON_KEY = "engine.json"
 REVISION_KEY = "revision"
+LIMITS_KEY = "limits.json"  # (floor, cap) of each started knob: what `synced_knobs` clamps into
+TEMPLATE_HASH_ANNOTATION = "governor.dev/template-hash"
 
 # The knobs with a `governor serve` start flag, and the tuner's default range max, used as the cap when
 # spec.autotune.bounds gives none (equal to the engine's default starting values).
@@ -80,9 +82,9 @@ def deployment_name(name: str, revision: str) -> str:
     return f"{name}-{revision}"
 
 
-def config_map_name(name: str) -> str:
-    """The ConfigMap holding the engine arguments and starting knobs of service `name`."""
-    return f"{name}-engine-config"
+def config_map_name(name: str, revision: str) -> str:
+    """The ConfigMap holding the engine arguments and starting knobs of one revision of service `name`."""
+    return f"{name}-{revision}-config"
 
 
 def admin_secret_name(name: str) -> str:
@@ -122,25 +124,51 @@ def revision_hash(spec: InferenceServiceSpec) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
+def knob_limits(spec: InferenceServiceSpec) -> dict[str, tuple[int, int]]:
+    """(floor, cap) of each knob new pods are started with (`started_knobs`), by contract name."""
+    limits = {knob: (1, cap) for knob, cap in knob_caps(spec).items()}
+    if spec.engine.speculative is not None:
+        limits[SPEC_KNOB] = (0, spec.engine.speculative.num_speculative_tokens)
+    return limits
+
+
+def clamp_knobs(tuned: Mapping[str, Any], given: Mapping[str, int], limits: Mapping[str, tuple[int, int]]
+                ) -> dict[str, int]:
+    """Starting values for the knobs in `limits`: the tuned value, else the given one, else the cap, clamped
+    into (floor, cap). `tuned` comes from status, read leniently: a value that is not an int is ignored."""
+    knobs: dict[str, int] = {}
+    for knob, (floor, cap) in limits.items():
+        value = tuned.get(knob)
+        if not isinstance(value, int) or isinstance(value, bool):
+            value = given.get(knob, cap)
+        knobs[knob] = min(max(value, floor), cap)
+    return knobs
+
+
+def tuned_knobs(status: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """status.tuning.knobs: the values the tuner last confirmed ({} before any)."""
+    knobs = ((status or {}).get("tuning") or {}).get("knobs")
+    return knobs if isinstance(knobs, Mapping) else {}
+
+
 def starting_knobs(spec: InferenceServiceSpec, status: Mapping[str, Any] | None) -> dict[str, int]:
     """Knob values new pods start with, by contract name: status.tuning.knobs (tuned values) over
     spec.engine.knobs, else the cap; clamped into the knob's range. K only with speculation on."""
-    tuned = ((status or {}).get("tuning") or {}).get("knobs") or {}
-    given = spec.engine.knobs.model_dump(exclude_none=True)
-    caps = dict(knob_caps(spec))
-    floors = {knob: 1 for knob in caps}
-    if spec.engine.speculative is not None:
-        caps[SPEC_KNOB] = spec.engine.speculative.num_speculative_tokens
-        floors[SPEC_KNOB] = 0
-    knobs: dict[str, int] = {}
-    for knob in contract.KNOB_NAMES:
-        if knob not in caps:
-            continue
-        value = tuned.get(knob)
-        if not isinstance(value, int) or isinstance(value, bool):  # status is read leniently
-            value = given.get(knob, caps[knob])
-        knobs[knob] = min(max(value, floors[knob]), caps[knob])
-    return knobs
+    return clamp_knobs(tuned_knobs(status), spec.engine.knobs.model_dump(exclude_none=True), knob_limits(spec))
+
+
+def synced_knobs(config_map: Mapping[str, Any], status: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The knob entries of an existing revision's ConfigMap brought up to status.tuning.knobs, clamped into the
+    limits recorded in it; None when they already agree. This keeps the stable revision's restarts on the tuned
+    values while the spec names another revision (a rollout, or after a rollback), without re-rendering it."""
+    data = config_map.get("data") or {}
+    try:
+        limits = {k: (int(lo), int(hi)) for k, (lo, hi) in json.loads(data.get(LIMITS_KEY, "{}")).items()}
+        current = {k: int(data[k]) for k in limits}
+    except (ValueError, TypeError, KeyError):
+        return None  # not a ConfigMap this version rendered: leave it alone
+    wanted = clamp_knobs(tuned_knobs(status), current, limits)
+    return None if wanted == current else {k: str(v) for k, v in wanted.items()}
 
 
 # --- model sources ------------------------------------------------------------------------------------
@@ -262,7 +290,7 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec, revision: str,
-                args: list[str], mounts: _Mounts) -> dict[str, Any]:
+                args: list[str], mounts: _Mounts, replicas: int) -> dict[str, Any]:
     labels = _labels(name, revision)
     volumes = list(mounts.volumes)
     volume_mounts = list(mounts.mounts)
@@ -276,7 +304,7 @@ def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         {"name": contract.REVISION_ENV, "value": revision},
     ]
     env += [{"name": knob_env(knob),
-             "valueFrom": {"configMapKeyRef": {"name": config_map_name(name), "key": knob}}}
+             "valueFrom": {"configMapKeyRef": {"name": config_map_name(name, revision), "key": knob}}}
             for knob in started_knobs(spec)]
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -303,29 +331,41 @@ def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
     if spec.engine.tolerations:
         pod["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True)
                               for t in spec.engine.tolerations]
+    template = {
+        "metadata": {"labels": labels,
+                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
+                                     "prometheus.io/path": "/metrics"}},
+        "spec": pod,
+    }
+    metadata = _metadata(deployment_name(name, revision), namespace, uid, name, labels)
+    metadata["annotations"] = {TEMPLATE_HASH_ANNOTATION: template_hash(template)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(deployment_name(name, revision), namespace, uid, name, labels),
+        "metadata": metadata,
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": {LABEL_SERVICE: name, LABEL_REVISION: revision}},
-            "template": {
-                "metadata": {"labels": labels,
-                             "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
-                                             "prometheus.io/path": "/metrics"}},
-                "spec": pod,
-            },
+            "template": template,
         },
     }
 
 
+def template_hash(template: Mapping[str, Any]) -> str:
+    """The full sha256 (hex) of a pod template's canonical JSON, as rendered: recorded on the Deployment
+    (annotation governor.dev/template-hash) and in status.rollout, so anyone can tell exactly what ran."""
+    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def render(name: str, namespace: str, uid: str, generation: int, spec: InferenceServiceSpec,
-           status: Mapping[str, Any] | None, *, pod_monitor: bool) -> list[dict[str, Any]]:
-    """The desired children of InferenceService `name` (uid `uid`): Deployment of the spec's revision,
-    Service, ConfigMap, and PodMonitor when `pod_monitor`. Pure and deterministic; of status only
-    tuning.knobs is read. `spec` should have passed `validate_spec`; an invalid model URI raises
-    ValueError. `generation` is recorded on the ConfigMap (annotation governor.dev/generation)."""
+           status: Mapping[str, Any] | None, *, pod_monitor: bool, replicas: int | None = None
+           ) -> list[dict[str, Any]]:
+    """The desired children of InferenceService `name` (uid `uid`): Deployment and ConfigMap of the spec's
+    revision (with `replicas` pods, default spec.replicas: a canary gets fewer), Service, and PodMonitor when
+    `pod_monitor`. Pure and deterministic; of status only tuning.knobs is read. `spec` should have passed
+    `validate_spec`; an invalid model URI raises ValueError. `generation` is recorded on the ConfigMap
+    (annotation governor.dev/generation)."""
     revision = revision_hash(spec)
     knobs = starting_knobs(spec, status)
     started = started_knobs(spec)
@@ -336,34 +376,38 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
                              {knob: str(knobs[knob]) for knob in started})
 
     labels = _labels(name, revision)
+    shared = _labels(name, None)  # the Service and PodMonitor serve every revision
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {**_metadata(config_map_name(name), namespace, uid, name, labels),
+        "metadata": {**_metadata(config_map_name(name, revision), namespace, uid, name, labels),
                      "annotations": {"governor.dev/generation": str(generation)}},
         "data": {
             ENGINE_JSON_KEY: json.dumps({"revision": revision, "command": ["governor", "serve"], "args": effective,
                                          "knobs": knobs}, sort_keys=True, indent=2),
             REVISION_KEY: revision,
+            LIMITS_KEY: json.dumps({k: list(v) for k, v in knob_limits(spec).items()}, sort_keys=True),
             **{knob: str(knobs[knob]) for knob in started},
         },
     }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(name, namespace, uid, name, labels),
+        "metadata": _metadata(name, namespace, uid, name, shared),
         "spec": {
             "type": "ClusterIP",
             "selector": {LABEL_SERVICE: name},
             "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },
     }
-    children = [_deployment(name, namespace, uid, spec, revision, args, template_mounts), service, config_map]
+    deployment = _deployment(name, namespace, uid, spec, revision, args, template_mounts,
+                             spec.replicas if replicas is None else replicas)
+    children = [deployment, service, config_map]
     if pod_monitor:
         children.append({
             "apiVersion": "monitoring.coreos.com/v1",
             "kind": "PodMonitor",
-            "metadata": _metadata(name, namespace, uid, name, labels),
+            "metadata": _metadata(name, namespace, uid, name, shared),
             "spec": {
                 "selector": {"matchLabels": {LABEL_SERVICE: name}},
                 "podMetricsEndpoints": [{"port": PORT_NAME, "path": "/metrics"}],

@@ -50,7 +50,7 @@ DEFAULT_TIMEOUT_S = 5
 SAMPLE_EXTRA_SCRAPES = 2
 
 # Anything a query can end in when Prometheus is down, slow, misconfigured or answers something else.
-_UNUSABLE = (requests.RequestException, PrometheusApiClientException, ValueError, KeyError, TypeError, IndexError)
+UNUSABLE = (requests.RequestException, PrometheusApiClientException, ValueError, KeyError, TypeError, IndexError)
 
 
 # --- PromQL -------------------------------------------------------------------------------------
@@ -179,6 +179,13 @@ def agreed_knobs(mins: Mapping[str, float], maxs: Mapping[str, float], counts: M
 # --- the source ---------------------------------------------------------------------------------
 
 
+def connect(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> PrometheusConnect:
+    """A client for the Prometheus at `url`: no retries (the caller's next interval is the retry), queries
+    failing after `timeout_s` (rounded up to whole seconds, the client's unit)."""
+    return PrometheusConnect(url=url, disable_ssl=urlsplit(url).scheme == "http", retry=Retry(total=0),
+                             timeout=max(1, math.ceil(timeout_s)))
+
+
 def redacted(url: str) -> str:
     """`url` without user and password, for logs."""
     parts = urlsplit(url)
@@ -207,9 +214,7 @@ class PrometheusSource:
         self.scrape_interval_s = scrape_interval_s
         self.sel = matchers(service, revision)
         self.window = duration(window_s)
-        self._client = PrometheusConnect(
-            url=self.url, disable_ssl=urlsplit(self.url).scheme == "http",
-            retry=Retry(total=0), timeout=max(1, math.ceil(timeout_s)))
+        self._client = connect(self.url, timeout_s)
 
     def queries(self) -> dict[str, str]:
         """Every instant query of one observation: the `Signals` fields, then the knob and freshness queries
@@ -238,7 +243,7 @@ class PrometheusSource:
             knobs = agreed_knobs(by_name(results["knob_min"]), by_name(results["knob_max"]),
                                  by_name(results["knob_count"]), single_value(results["knob_engines"]))
             newest = single_value(results["knob_newest"])
-        except _UNUSABLE as e:
+        except UNUSABLE as e:
             self._warn("an observation", e)
             return failed_signals(now_s)
         return Signals(
@@ -279,7 +284,7 @@ class PrometheusSource:
                 end_time=datetime.fromtimestamp(end, timezone.utc), step=duration(step))
             points = sorted((float(t), v) for series in result for t, text in series["values"]
                             if (v := _finite(text)) is not None)
-        except _UNUSABLE as e:
+        except UNUSABLE as e:
             self._warn(f"samples of {metric}", e)
             return []
         return [v for _, v in points]
