@@ -40,6 +40,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
                                                           "singular": "customresourcedefinition",
                                                           "namespaced": False},
     "monitoring.coreos.com/v1/podmonitors": {"kind": "PodMonitor", "singular": "podmonitor", "namespaced": True},
+    "gateway.networking.k8s.io/v1/httproutes": {"kind": "HTTPRoute", "singular": "httproute", "namespaced": True},
     # The CRD declares the status subresource; discovery says so, and kopf then writes status through it.
     "governor.dev/v1alpha1/inferenceservices": {"kind": "InferenceService", "singular": "inferenceservice",
                                                 "namespaced": True, "subresources": ["status"]},

@@ -27,10 +27,9 @@ from governor.operator.rollout import (
     ROLLED_BACK,
     Rollout,
     advance,
-    canary_replicas,
-    effective_weight,
     start,
 )
+from governor.operator.traffic import HTTP_ROUTE, canary_replicas, canary_share, routed_rules
 
 STEPS = [RolloutStep(weight=10, pause="30s"), RolloutStep(weight=50, pause="30s")]
 T0 = 1_800_000_000.0
@@ -57,8 +56,31 @@ def ok() -> Judgement:
 
 def test_canary_replicas_approximate_the_weight_beside_a_full_stable() -> None:
     assert [canary_replicas(4, w) for w in (10, 25, 50, 75)] == [1, 1, 4, 12]
-    assert canary_replicas(1, 10) == 1 and effective_weight(1, 1) == 50  # coarse with one stable pod
-    assert canary_replicas(9, 10) == 1 and effective_weight(9, 1) == 10
+    assert canary_replicas(1, 10) == 1 and canary_share(1, 10) == 50  # coarse with one stable pod
+    assert canary_replicas(9, 10) == 1 and canary_share(9, 10) == 10
+
+
+def test_with_an_http_route_the_weight_is_exact_and_the_canary_sized_for_its_share() -> None:
+    assert [canary_replicas(4, w, HTTP_ROUTE) for w in (10, 25, 50, 75)] == [1, 1, 2, 3]
+    assert canary_share(1, 10, HTTP_ROUTE) == 10
+
+
+def test_route_rules_referencing_the_service_get_weighted_role_backends() -> None:
+    route = {"spec": {"rules": [
+        {"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+         "backendRefs": [{"name": "chat", "port": 8000}, {"name": "other", "port": 80, "weight": 1}]},
+        {"backendRefs": [{"name": "unrelated", "port": 80}]},
+    ]}}
+    rules = routed_rules(route, "chat", 8000, 25)
+    assert rules is not None
+    assert rules[0]["matches"] == route["spec"]["rules"][0]["matches"]  # the user's parts are kept
+    assert rules[0]["backendRefs"] == [{"name": "other", "port": 80, "weight": 1},
+                                       {"name": "chat-stable", "port": 8000, "weight": 75},
+                                       {"name": "chat-canary", "port": 8000, "weight": 25}]
+    assert rules[1] == route["spec"]["rules"][1]
+    again = routed_rules({"spec": {"rules": rules}}, "chat", 8000, 0)  # idempotent over its own output
+    assert again is not None and [r.get("weight") for r in again[0]["backendRefs"]] == [1, 100, 0]
+    assert routed_rules({"spec": {"rules": [{"backendRefs": [{"name": "x"}]}]}}, "chat", 8000, 10) is None
 
 
 def test_a_step_is_timed_from_when_the_canary_is_ready_then_the_rollout_promotes() -> None:

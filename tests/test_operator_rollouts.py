@@ -32,13 +32,16 @@ DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 TTFT_TRIGGER = {"metric": "ttft_p95", "comparison": "relative", "threshold": 1.2, "for": "4s"}
 
 
-def spec_with(image: str, pause: str = "3s") -> dict[str, Any]:
-    return {"model": {"uri": "/models/chat"}, "engine": {"image": image}, "replicas": 2,
+def spec_with(image: str, pause: str = "3s", route: str | None = None) -> dict[str, Any]:
+    spec = {"model": {"uri": "/models/chat"}, "engine": {"image": image}, "replicas": 2,
             "slo": {"ttftP95": "500ms", "itlP95": "50ms"},
             "rollout": {"steps": [{"weight": 25, "pause": pause}, {"weight": 50, "pause": pause}],
                         "rollbackOn": [TTFT_TRIGGER,
                                        {"metric": "error_rate", "comparison": "absolute", "threshold": 0.05,
                                         "for": "4s"}]}}
+    if route:
+        spec["rollout"]["httpRoute"] = route
+    return spec
 
 
 def revision_of(spec: dict[str, Any]) -> str:
@@ -119,7 +122,8 @@ class World:
 def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     canary_ttft = getattr(request, "param", {}).get("canary_ttft", 0.1)
     pause = getattr(request, "param", {}).get("pause", "3s")
-    v1, v2 = spec_with("ghcr.io/example/engine:1", pause), spec_with("ghcr.io/example/engine:2", pause)
+    route = getattr(request, "param", {}).get("route")
+    v1, v2 = spec_with("ghcr.io/example/engine:1", pause, route), spec_with("ghcr.io/example/engine:2", pause, route)
     with ExitStack() as stack:
         cluster = stack.enter_context(start_emulator(tmp_path))
         stable = Exporter("chat", revision_of(v1), ttft_s=0.1)
@@ -238,3 +242,37 @@ def test_the_abort_annotation_rolls_back_now(world: World) -> None:
     assert (degraded["status"], degraded["reason"]) == ("True", "Aborted")
     meta = (get(world.cluster, f"{IS_PATH}/chat") or {})["metadata"]
     assert not (meta.get("annotations") or {}).get("governor.dev/rollout-action")  # one-shot: removed
+
+
+@pytest.mark.parametrize("world", [{"route": "chat-route"}], indirect=True)
+def test_with_an_http_route_the_canary_share_is_set_by_route_weights(world: World) -> None:
+    routes = f"/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/httproutes"
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+             "metadata": {"name": "chat-route", "namespace": NS},
+             "spec": {"parentRefs": [{"name": "gateway"}],
+                      "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+                                 "backendRefs": [{"name": "chat", "port": 8000}]}]}}
+    r = httpx.post(world.cluster.url + routes, json=route, timeout=5)
+    assert r.status_code in (200, 201), r.text
+    v1, v2 = revision_of(world.v1), revision_of(world.v2)
+
+    def weights() -> list[tuple[str, int]]:
+        rules = ((get(world.cluster, f"{routes}/chat-route") or {}).get("spec") or {}).get("rules") or [{}]
+        return [(ref["name"], ref.get("weight")) for ref in rules[0].get("backendRefs") or []]
+
+    def selects(role: str) -> str:
+        svc = get(world.cluster, f"/api/v1/namespaces/{NS}/services/chat-{role}") or {}
+        return str((svc.get("spec") or {}).get("selector", {}).get("governor.dev/revision"))
+
+    world.start_rollout()
+    world.wait(lambda: weights() == [("chat-stable", 75), ("chat-canary", 25)], "the route was not weighted 75/25")
+    assert (selects("stable"), selects("canary")) == (v1, v2)
+    rollout = world.rollout()
+    assert (rollout["traffic"], rollout["canaryWeight"]) == ("httpRoute", 25)  # exact: the route splits
+    assert world.deployments()[v2]["spec"]["replicas"] == 1  # pods for its 25% share of 2 replicas' load
+    world.wait(lambda: weights() == [("chat-stable", 50), ("chat-canary", 50)], "step 2 did not reweight")
+    world.wait(lambda: world.rollout().get("phase") == "Promoted", "no promotion")
+    world.wait(lambda: weights() == [("chat-stable", 100), ("chat-canary", 0)] and selects("stable") == v2,
+               "after promotion the route did not send everything to the new stable revision")
+    rule = ((get(world.cluster, f"{routes}/chat-route") or {})["spec"])["rules"][0]
+    assert rule["matches"] == route["spec"]["rules"][0]["matches"]  # the user's parts of the route are kept

@@ -130,6 +130,7 @@ def test_cluster_role_grants_exactly_least_privilege() -> None:
         ("apiextensions.k8s.io", "customresourcedefinitions"): ["get", "list", "watch"],
         ("", "namespaces"): ["get", "list", "watch"],
         ("", "pods"): ["get", "list"],  # the tuner finds each ready engine pod's admin API
+        ("gateway.networking.k8s.io", "httproutes"): ["get", "patch"],  # canary weights
     }
 
 

@@ -284,6 +284,13 @@ class RolloutSpec(_Wire):
         "revision is promoted to all traffic. An empty list replaces the old revision at once."))
     rollback_on: list[RollbackTrigger] = Field(default_factory=list, description=(
         "Triggers judged at every step; the first that fires rolls back to the previous revision."))
+    http_route: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253,
+                                   description=(
+        "Name of a Gateway API HTTPRoute (gateway.networking.k8s.io/v1, same namespace) whose rules send traffic "
+        "to this service. When set, the operator splits traffic by weights on that route instead of by replica "
+        "ratio: in every rule that references Service `<name>`, `<name>-stable` or `<name>-canary`, those "
+        "backendRefs become `<name>-stable` and `<name>-canary` with the step's weights (100/0 outside a "
+        "rollout). The route itself (parents, matches, filters) stays yours."))
 
 
 class InferenceServiceSpec(_Wire):

@@ -25,12 +25,14 @@ from governor.operator.api import InferenceServiceSpec, parse_spec
 from governor.operator.render import (
     LABEL_REVISION,
     LABEL_SERVICE,
+    PORT,
     TEMPLATE_HASH_ANNOTATION,
     admin_secret,
     config_map_name,
     deployment_name,
     render,
     revision_hash,
+    role_services,
     synced_knobs,
 )
 from governor.operator.rollout import (
@@ -47,6 +49,14 @@ from governor.operator.rollout import (
     replicas_during,
     stamp,
     start,
+)
+from governor.operator.traffic import (
+    HTTP_ROUTE,
+    REPLICAS,
+    ROUTE_API,
+    role_service_name,
+    routed_rules,
+    unrouted_rules,
 )
 
 log = logging.getLogger(__name__)
@@ -234,6 +244,67 @@ def delete_children(name: str, namespace: str) -> list[str]:
     return removed
 
 
+def _routes() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    custom = client.CustomObjectsApi()
+    group, version, plural = ROUTE_API
+    return (lambda ns, route: custom.get_namespaced_custom_object(group, version, ns, plural, route),
+            lambda ns, route, body: custom.patch_namespaced_custom_object(group, version, ns, plural, route, body))
+
+
+def read_route(namespace: str, route_name: str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The HTTPRoute `route_name`, and what makes it unusable for service `name` (None when usable)."""
+    get, _ = _routes()
+    try:
+        route = _as_dict(get(namespace, route_name))
+    except ApiException as e:
+        if e.status == 404:
+            return None, f"HTTPRoute {route_name} not found in namespace {namespace}"
+        raise
+    if routed_rules(route, name, PORT, 0) is None:
+        return route, f"HTTPRoute {route_name} has no rule with a backendRef to Service {name}"
+    return route, None
+
+
+def route_traffic(name: str, namespace: str, uid: str, route_name: str, route: Mapping[str, Any] | None,
+                  stable: str, canary: str, canary_weight: int) -> list[str]:
+    """Point `<name>-stable` and `<name>-canary` at their revisions and set the route's weights."""
+    writes = [w for obj in role_services(name, namespace, uid, stable, canary) if (w := apply_child(obj))]
+    rules = routed_rules(route, name, PORT, canary_weight) if route is not None else None
+    if route is not None and rules is not None and rules != (route.get("spec") or {}).get("rules"):
+        _, patch = _routes()
+        # resourceVersion: a concurrent edit of the route (by its owner) makes this patch fail and retry.
+        patch(namespace, route_name, {"metadata": {"resourceVersion": route["metadata"].get("resourceVersion")},
+                                      "spec": {"rules": rules}})
+        writes.append(f"weighted HTTPRoute/{route_name} {100 - canary_weight}/{canary_weight} "
+                      f"({stable}/{canary})")
+    return writes
+
+
+def unroute_traffic(name: str, namespace: str, route_name: str) -> list[str]:
+    """spec.rollout.httpRoute was removed: point the route's rules back at Service `name` and delete the role
+    Services."""
+    writes = []
+    get, patch = _routes()
+    try:
+        route = _as_dict(get(namespace, route_name))
+        rules = unrouted_rules(route, name, PORT)
+        if rules is not None:
+            patch(namespace, route_name, {"spec": {"rules": rules}})
+            writes.append(f"pointed HTTPRoute/{route_name} back at Service/{name}")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    core = client.CoreV1Api()
+    for role in ("stable", "canary"):
+        try:
+            core.delete_namespaced_service(role_service_name(name, role), namespace)
+            writes.append(f"deleted Service/{role_service_name(name, role)}")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    return writes
+
+
 def _ready(deployment: Mapping[str, Any] | None) -> int:
     return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
 
@@ -308,6 +379,9 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         writes.extend(w for obj in desired_children if (w := apply_child(obj)))
         return desired_children
 
+    traffic = HTTP_ROUTE if spec.rollout.http_route else REPLICAS
+    route, route_problem = read_route(namespace, spec.rollout.http_route, name) if spec.rollout.http_route \
+        else (None, None)
     degraded: tuple[str, str] | None = None
     if stable is None or stable == desired or not spec.rollout.steps or spec.replicas == 0:
         if rollout is not None and rollout.active:
@@ -326,17 +400,17 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         degraded = (rollout.phase, _divergence(desired, stable, rollout))
     else:
         if rollout is None or not rollout.active or rollout.canary_revision != desired \
-                or rollout.stable_revision != stable:
+                or rollout.stable_revision != stable or rollout.traffic != traffic:
             if rollout is not None and rollout.active:
                 transitions.append(Transition("RolloutSuperseded", f"revision {rollout.canary_revision} is no longer "
                                               f"the spec's; rolling out {desired} instead", "Warning"))
             rendered = render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor)
             canary_hash = _template_hash(next(o for o in rendered if o["kind"] == "Deployment"))
             rollout, started = start(stable, desired, _template_hash(existing[stable]), canary_hash,
-                                     spec.rollout.steps, spec.replicas, now_s, last)
+                                     spec.rollout.steps, spec.replicas, now_s, last, traffic)
             transitions.append(started)
         _, canary_count = replicas_during(rollout, spec.replicas)
-        canary_ready = _ready(existing.get(desired)) >= canary_count
+        canary_ready = _ready(existing.get(desired)) >= canary_count and route_problem is None
         manual_hold = rollout.phase == PAUSED and rollout.reason == "ManualPause" and action != "resume"
         judgement = None
         if canary_ready and not manual_hold and action not in ("abort", "promote") and spec.rollout.rollback_on:
@@ -356,6 +430,18 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
             writes += keep_stable(name, namespace, stable, spec.replicas, status)
             apply_all(replicas_during(rollout, spec.replicas)[1])
             keep = {stable, desired}
+    active = rollout is not None and rollout.active
+    route_status = None
+    if spec.rollout.http_route:
+        weight = rollout.canary_weight if active and rollout is not None else 0
+        writes += route_traffic(name, namespace, uid, spec.rollout.http_route, route, stable,
+                                desired if active else stable, weight)
+        route_status = {"httpRoute": spec.rollout.http_route, "problem": route_problem}
+        if route_problem and route_problem != ((status.get("trafficRouting") or {}).get("problem")):
+            events.append(("HTTPRouteUnusable", f"{route_problem}; the canary's step waits until the route "
+                                                "references the service", "Warning"))
+    elif (old_route := (status.get("trafficRouting") or {}).get("httpRoute")):
+        writes += unroute_traffic(name, namespace, str(old_route))
     writes += prune_revisions(name, namespace, keep)
     if action is not None and not transitions:
         events.append(("RolloutActionIgnored", f"{ACTION_ANNOTATION}={action}: no rollout in progress that it "
@@ -365,7 +451,6 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
     ready = _ready(stable_dep)
     want = spec.replicas
     all_deps = existing.values()
-    active = rollout is not None and rollout.active
     if want == 0 or ready >= want:
         ready_status, reason, msg = "True", "ReplicasReady", f"{ready}/{want} replicas of revision {stable} ready"
     else:
@@ -397,6 +482,8 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         "conditions": conditions}
     if rollout is not None:
         new_status["rollout"] = rollout.to_status()
+    if route_status is not None or status.get("trafficRouting") is not None:
+        new_status["trafficRouting"] = route_status
     return Outcome(new_status, events, writes, consumed_action=consumed)
 
 

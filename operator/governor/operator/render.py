@@ -46,6 +46,7 @@ from typing import Any
 
 from governor import contract
 from governor.operator.api import API_VERSION, KIND, InferenceServiceSpec, parse_model_uri
+from governor.operator.traffic import role_service_name
 from governor.tuner.policy import DEFAULT_BOUNDS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
 PORT = 8000
@@ -425,3 +426,22 @@ def admin_secret(name: str, namespace: str, uid: str, token: str) -> dict[str, A
         "metadata": _metadata(admin_secret_name(name), namespace, uid, name, _labels(name, None, "admin-token")),
         "stringData": {ADMIN_TOKEN_KEY: token},
     }
+
+
+def role_services(name: str, namespace: str, uid: str, stable: str, canary: str) -> list[dict[str, Any]]:
+    """Services `<name>-stable` and `<name>-canary`, each selecting one revision's pods: the backends an
+    HTTPRoute weights (spec.rollout.httpRoute). Outside a rollout `canary` is the stable revision."""
+    out = []
+    for role, revision in (("stable", stable), ("canary", canary)):
+        out.append({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(role_service_name(name, role), namespace, uid, name,
+                                  _labels(name, None, f"{role}-service")),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {LABEL_SERVICE: name, LABEL_REVISION: revision},
+                "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}],
+            },
+        })
+    return out

@@ -22,8 +22,8 @@ changes to another one. Every transition is an Event with a stable reason.
 State lives in status only, so an operator restart resumes where the rollout was (the step's clock is
 wall time: the step started at `stepStartedAt`).
 
-Traffic is split by replica ratio: stable keeps `spec.replicas` pods (capacity never drops while the canary
-is judged) and the canary gets `canary_replicas` pods, about `weight`% of the pods behind the Service.
+Stable keeps `spec.replicas` pods while the canary is judged (capacity never drops); the canary's pods and
+share of traffic come from `traffic` (replica ratio, or weights on an HTTPRoute).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 from governor.operator.analysis import Judgement
 from governor.operator.api import RolloutStep, duration_seconds
+from governor.operator.traffic import REPLICAS, canary_replicas, canary_share
 
 ACTION_ANNOTATION = "governor.dev/rollout-action"
 ACTIONS = ("pause", "resume", "abort", "promote")
@@ -50,19 +51,6 @@ def stamp(t: float) -> str:
 
 def parse_stamp(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-
-
-def canary_replicas(replicas: int, weight: int) -> int:
-    """Canary pods giving about `weight`% of the pods when stable keeps `replicas`: c / (replicas + c) ≈ w.
-    At least one; with few replicas the share is coarse (1 canary beside 1 stable pod is 50%)."""
-    if weight >= 100:
-        return replicas
-    return max(1, round(replicas * weight / (100 - weight)))
-
-
-def effective_weight(stable: int, canary: int) -> int:
-    """The canary's actual share of pods, in percent."""
-    return 0 if stable + canary == 0 else round(100 * canary / (stable + canary))
 
 
 @dataclass(frozen=True)
@@ -89,6 +77,7 @@ class Rollout:
     ended_at: str | None = None
     analysis: list[dict[str, Any]] = field(default_factory=list)
     last_rollback: dict[str, Any] | None = None
+    traffic: str = REPLICAS  # how the split is made: `traffic.REPLICAS` or `traffic.HTTP_ROUTE`
 
     @property
     def active(self) -> bool:
@@ -127,16 +116,16 @@ class Transition:
 
 
 def start(stable: str, canary: str, stable_hash: str, canary_hash: str, steps: list[RolloutStep], replicas: int,
-          now: float, last: Rollout | None) -> tuple[Rollout, Transition]:
+          now: float, last: Rollout | None, traffic: str = REPLICAS) -> tuple[Rollout, Transition]:
     """A new rollout at step 0 (its clock starts when the canary's pods are ready). `last` carries over
     `lastRollback`, so the previous rollback stays visible until another one happens."""
     weight = steps[0].weight
     state = Rollout(phase=PROGRESSING, reason="CanaryStarting", message=f"starting canary {canary} at {weight}%",
                     step=0, steps=len(steps), requested_weight=weight,
-                    canary_weight=effective_weight(replicas, canary_replicas(replicas, weight)),
+                    canary_weight=canary_share(replicas, weight, traffic),
                     stable_revision=stable, canary_revision=canary, stable_template_hash=stable_hash,
                     canary_template_hash=canary_hash, started_at=stamp(now),
-                    last_rollback=last.last_rollback if last else None)
+                    last_rollback=last.last_rollback if last else None, traffic=traffic)
     return state, Transition("RolloutStarted", f"rolling out revision {canary} over stable {stable} in "
                                                f"{len(steps)} step(s): {', '.join(f'{s.weight}%' for s in steps)}")
 
@@ -144,7 +133,7 @@ def start(stable: str, canary: str, stable_hash: str, canary_hash: str, steps: l
 def _at_step(state: Rollout, step: int, steps: list[RolloutStep], replicas: int) -> Rollout:
     weight = steps[step].weight
     return replace(state, step=step, requested_weight=weight,
-                   canary_weight=effective_weight(replicas, canary_replicas(replicas, weight)))
+                   canary_weight=canary_share(replicas, weight, state.traffic))
 
 
 def _ended(state: Rollout, phase: str, reason: str, message: str, now: float, **changes: Any) -> Rollout:
@@ -225,5 +214,5 @@ def advance(state: Rollout, steps: list[RolloutStep], replicas: int, *, action: 
 
 def replicas_during(state: Rollout, replicas: int) -> tuple[int, int]:
     """(stable, canary) pod counts while `state` is active."""
-    return replicas, canary_replicas(replicas, state.requested_weight)
+    return replicas, canary_replicas(replicas, state.requested_weight, state.traffic)
 
