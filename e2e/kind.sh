@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end on a real cluster (kind or any kubeconfig): install the CRD and the operator chart, apply the
 # minimal InferenceService with a CPU engine image, wait for Ready, check its children, send a completion,
-# delete it and check that garbage collection removes them. Skips (exit 0) when no cluster answers. Every wait is bounded.
+# roll out a new revision as a canary (promoted after one step), delete it and check that garbage
+# collection removes them. Skips (exit 0) when no cluster answers. Every wait is bounded.
 #
 #   e2e/kind.sh [ENGINE_IMAGE]
 #
@@ -103,6 +104,24 @@ done
 kill $PF 2>/dev/null || true
 grep -q '"choices"' <<<"$answer" || fail "no completion from service/$NAME: $answer"
 log "completion: $answer"
+
+log "canary rollout: a static engine change is a new revision, walked through two short steps and promoted"
+stable=$(kubectl -n "$NAMESPACE" get "inferenceservice/$NAME" -o jsonpath='{.status.revision}')
+kubectl -n "$NAMESPACE" patch "inferenceservice/$NAME" --type merge -p \
+  '{"spec": {"engine": {"maxModelLen": 1024}, "rollout": {"steps": [{"weight": 50, "pause": "20s"}]}}}'
+phase=""
+for _ in $(seq 1 $((READY_TIMEOUT / 5))); do
+  phase=$(kubectl -n "$NAMESPACE" get "inferenceservice/$NAME" -o jsonpath='{.status.rollout.phase}')
+  [ "$phase" = Promoted ] || [ "$phase" = RolledBack ] || [ "$phase" = Aborted ] && break
+  sleep 5
+done
+kubectl -n "$NAMESPACE" get "inferenceservice/$NAME" -o jsonpath='{.status.rollout}'; echo
+[ "$phase" = Promoted ] || fail "rollout ended as '$phase', expected Promoted"
+now=$(kubectl -n "$NAMESPACE" get "inferenceservice/$NAME" -o jsonpath='{.status.revision}')
+[ "$now" != "$stable" ] || fail "status.revision is still $stable after the promotion"
+deployments=$(kubectl -n "$NAMESPACE" get deployments -l "governor.dev/service=$NAME" -o name | wc -l)
+[ "$deployments" -eq 1 ] || fail "$deployments Deployments after promotion, expected 1 (the old stable removed)"
+log "promoted: $stable -> $now"
 
 log "delete and garbage collection"
 kubectl -n "$NAMESPACE" delete "inferenceservice/$NAME" --timeout=120s
