@@ -4,6 +4,13 @@ batch size. Batch 1 is the latency one user sees; it is what tensor parallelism 
 Every step ends with the sampled token ids on the host, so wall time between steps is the step's time.
 A step counts as decode once every request of the batch has its first token; its time is the latency
 of one output token of each request.
+
+On a GPU it also reports the memory roofline: a decode step must read every weight the step uses (all
+but the input embedding table, of which it gathers a row per token) and each sequence's KV, so the
+fastest possible step is those bytes over the HBM bandwidth, measured in the same run with a large
+device-to-device copy. `forward_ms_p50` is the GPU time of the runner's part of a decode step (uploads,
+forward, logits) between CUDA events; the rest of the wall time is host work (scheduling, staging,
+sampling, launches the GPU waited for).
 """
 
 from __future__ import annotations
@@ -13,11 +20,57 @@ import statistics
 import time
 from typing import Any
 
+import torch
+
 from governor.engine.bench_cache import random_ids
 from governor.engine.bench_throughput import sync_device
+from governor.engine.kv.cache import bytes_per_block
 from governor.engine.llm import LLM
 from governor.engine.llm_engine import LLMEngine
 from governor.engine.sampling_params import SamplingParams
+
+
+def hbm_bandwidth_gb_per_s(nbytes: int = 2**30, iters: int = 20) -> float:
+    """Achieved HBM bandwidth of a device-to-device copy of `nbytes` (each byte is read and written)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes * iters / seconds / 1e9
+
+
+def decode_weight_bytes(engine: LLMEngine) -> int:
+    """Weight bytes one decode step reads: every parameter, except that the input embedding table is only
+    gathered from (unless it doubles as the output projection)."""
+    model = engine.model
+    total = sum(p.nbytes for p in model.parameters())  # tied parameters are counted once
+    tied = model.lm_head is not None and model.lm_head.data_ptr() == model.embed_tokens.data_ptr()
+    return total if tied else total - model.embed_tokens.nbytes
+
+
+def _record_forward_times(engine: LLMEngine) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    """Wrap the runner's step in CUDA events; returns the list each step appends its (start, end) to."""
+    times: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    inner = engine.runner.execute
+
+    def execute(out: Any, all_logits: bool = False) -> torch.Tensor:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        logits = inner(out, all_logits)
+        end.record()
+        times.append((start, end))
+        return logits
+
+    engine.runner.execute = execute  # type: ignore[method-assign]
+    return times
 
 
 def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, rng: random.Random) -> dict[str, Any]:
@@ -25,6 +78,7 @@ def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, r
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     ids = [f"latency-{time.monotonic_ns()}-{i}" for i in range(batch)]
     sync_device()
+    forward_times = _record_forward_times(engine) if engine.device.type == "cuda" else None
     t0 = last = time.perf_counter()
     for rid in ids:
         engine.add_request(rid, random_ids(rng, vocab, context), params)
@@ -44,21 +98,47 @@ def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, r
     if not decode:
         raise ValueError(f"new_tokens={new_tokens} leaves no decode step to time; ask for at least 2")
     decode.sort()
-    return {"batch": batch, "context": context, "new_tokens": new_tokens, "ttft_ms": 1e3 * (ttft or 0.0),
-            "decode_steps": len(decode), "ms_per_token_mean": 1e3 * statistics.fmean(decode),
-            "ms_per_token_p50": 1e3 * decode[len(decode) // 2],
-            "ms_per_token_p90": 1e3 * decode[int(0.9 * (len(decode) - 1))],
-            "decode_tok_s": batch * len(decode) / sum(decode)}
+    row = {"batch": batch, "context": context, "new_tokens": new_tokens, "ttft_ms": 1e3 * (ttft or 0.0),
+           "decode_steps": len(decode), "ms_per_token_mean": 1e3 * statistics.fmean(decode),
+           "ms_per_token_p50": 1e3 * decode[len(decode) // 2],
+           "ms_per_token_p90": 1e3 * decode[int(0.9 * (len(decode) - 1))],
+           "decode_tok_s": batch * len(decode) / sum(decode)}
+    if forward_times is not None:
+        del engine.runner.execute  # back to the class's method
+        sync_device()
+        forward = sorted(s.elapsed_time(e) for s, e in forward_times[-len(decode):])
+        row["forward_ms_p50"] = forward[len(forward) // 2]
+    return row
+
+
+def _roofline(engine: LLMEngine, row: dict[str, Any], weight_bytes: int, gb_per_s: float) -> None:
+    """Add the step's bytes, its time at `gb_per_s`, and the fraction of that the measured step reaches."""
+    kv_per_token = bytes_per_block(engine.model_config, engine.block_size, engine.kv_dtype) // engine.block_size
+    step_bytes = weight_bytes + row["batch"] * row["context"] * kv_per_token
+    row["roofline_bytes_per_step"] = step_bytes
+    row["roofline_ms"] = step_bytes / (gb_per_s * 1e9) * 1e3
+    row["roofline_fraction_p50"] = row["roofline_ms"] / row["ms_per_token_p50"]
 
 
 def bench_latency(model: str, engine_args: dict[str, Any], context: int, batches: list[int], new_tokens: int,
                   seed: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
+    # Before the engine takes the free memory for its KV cache.
+    gb_per_s = hbm_bandwidth_gb_per_s() if torch.cuda.is_available() and engine_args.get("device") != "cpu" else None
     with LLM(model, **engine_args) as llm:
         eng = llm.engine
         _timed_batch(eng, 1, context, min(new_tokens, 8), rng)  # warm-up: kernel compilation, allocator
         rows = [_timed_batch(eng, b, context, new_tokens, rng) for b in batches]
-        return {"rows": rows,
-                "engine": {"model_digest": eng.model_digest, "dtype": str(eng.dtype), "device": str(eng.device),
-                           "tensor_parallel_size": eng.config.tensor_parallel_size,
-                           "kv_blocks_total": eng.num_blocks, "settings": eng.config.non_default_settings()}}
+        graphs = eng.runner.graphs
+        info: dict[str, Any] = {
+            "model_digest": eng.model_digest, "dtype": str(eng.dtype), "device": str(eng.device),
+            "tensor_parallel_size": eng.config.tensor_parallel_size, "kv_blocks_total": eng.num_blocks,
+            "settings": eng.config.non_default_settings(), "cuda_graphs": graphs is not None,
+            "cuda_graph_captures": graphs.num_captures if graphs is not None else 0,
+            "cuda_graph_capture_s": eng.cuda_graph_capture_s}
+        if gb_per_s is not None and eng.device.type == "cuda":
+            weight_bytes = decode_weight_bytes(eng)
+            info.update(hbm_copy_gb_per_s=gb_per_s, decode_weight_bytes=weight_bytes)
+            for row in rows:
+                _roofline(eng, row, weight_bytes, gb_per_s)
+        return {"rows": rows, "engine": info}

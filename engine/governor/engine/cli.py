@@ -185,10 +185,17 @@ def _run(args: argparse.Namespace) -> int:
 
         result = bench_latency(args.model, _engine_args(args), args.context,
                                [int(b) for b in args.batches.split(",")], args.new_tokens)
+        eng = result["engine"]
+        print("CUDA graphs: " + (f"{eng['cuda_graph_captures']} captured in {eng['cuda_graph_capture_s']:.1f} s"
+                                 if eng["cuda_graphs"] else "off (eager)"))
         for row in result["rows"]:
             print(f"batch {row['batch']} at {row['context']} tokens: TTFT {row['ttft_ms']:.1f} ms, decode "
                   f"{row['ms_per_token_p50']:.2f} ms/token (p50; mean {row['ms_per_token_mean']:.2f}), "
                   f"{row['decode_tok_s']:.0f} tok/s")
+            if "roofline_ms" in row:
+                print(f"  GPU time of the step {row['forward_ms_p50']:.2f} ms; memory roofline "
+                      f"{row['roofline_ms']:.2f} ms ({eng['hbm_copy_gb_per_s']:.0f} GB/s copy): "
+                      f"{100 * row['roofline_fraction_p50']:.0f}% of it")
         bench_cache.write_envelope("bench-latency", args.model, result, args.output_json)
         return 0
     if args.command == "bench" and args.bench == "spec":

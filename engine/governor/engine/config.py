@@ -86,6 +86,9 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1, description="Ranks the model is split over (Megatron-style: "
                                       "attention heads and MLP columns; one process and device per rank; it must "
                                       "divide the attention heads, KV heads and intermediate size).")
+    enforce_eager: bool = Field(default=False, description="Run every step eagerly. Otherwise, on a CUDA device "
+                                "with one rank, decode and speculative-verification steps replay CUDA graphs "
+                                "captured at start for batch sizes up to max_num_seqs_cap.")
     load_format: LoadFormat = Field(default="auto", description="'auto' reads the safetensors weights; 'dummy' "
                                     "draws random weights of the checkpoint's shapes from `seed` (config.json "
                                     "and tokenizer are still read), for benchmarks without the weights on disk.")

@@ -106,6 +106,8 @@ class LLMEngine:
         try:
             self.worker = Worker(worker_spec, self.tp)
             self._init_rank0(backend)
+            if self.use_cuda_graphs:
+                self._capture_cuda_graphs()
         except BaseException:
             self.close()
             raise
@@ -131,6 +133,8 @@ class LLMEngine:
         self.device = w.device
         self.model, self.kv_caches, self.runner = w.model, w.kv_caches, w.runner
         self.block_size, self.kv_dtype, self.num_blocks = w.block_size, w.kv_dtype, w.num_blocks
+        self.attention_backend = backend
+        self.cuda_graph_capture_s = 0.0
         log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB%s); max concurrent max_model_len "
                  "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                  w.kv_cache_bytes() / 2**20, " per rank" if self.tp.size > 1 else "",
@@ -148,6 +152,24 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
+
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """Decode steps replay CUDA graphs: on a CUDA device, one rank, the Triton attention backend (the
+        torch reference syncs with the host), unless `enforce_eager`."""
+        return (self.device.type == "cuda" and self.tp.size == 1 and not self.config.enforce_eager
+                and self.attention_backend == "triton")
+
+    def _capture_cuda_graphs(self) -> None:
+        t0 = time.perf_counter()
+        self.runner.capture_cuda_graphs(self.config.seqs_cap)
+        torch.cuda.synchronize(self.device)
+        graphs = self.runner.graphs
+        assert graphs is not None
+        self.cuda_graph_capture_s = time.perf_counter() - t0
+        log.info("CUDA graphs: %d captured in %.1f s (decode batch sizes up to %d%s)", graphs.num_captures,
+                 self.cuda_graph_capture_s, self.config.seqs_cap,
+                 f", verification at {1 + self.config.spec_cap} tokens per sequence" if self.config.spec_cap else "")
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import astuple, dataclass
 
 import numpy as np
 import torch
 
 from governor.engine.attention import AttentionMetadata
+from governor.engine.cuda_graphs import CudaGraphs, GraphKey, capture_sizes
 from governor.engine.models.llama import CausalLM
 from governor.engine.scheduler import SchedulerOutput
 from governor.engine.tp.group import TPGroup
@@ -42,6 +44,11 @@ class ModelRunner:
     With a tensor-parallel group (`tp`, size > 1) the runner on rank 0 leads: after staging a step it
     broadcasts the staged buffers over the control group, and each worker's runner (`follow`) receives
     them into its own buffers and runs the same forward on its shard. Only rank 0 computes logits.
+
+    After `capture_cuda_graphs`, a step whose sequences each have few query tokens (a decode, or a
+    speculative verification) is padded to the next captured batch size and replayed from a CUDA graph;
+    every other step runs eagerly. Padding rows write their KV nowhere (slot -1) and attend to nothing
+    (context length 0), so they never touch the cache.
     """
 
     def __init__(self, model: CausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
@@ -79,6 +86,8 @@ class ModelRunner:
         self.logits_idx = dev(self.max_logits, dtype=torch.int64)
         # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
         self._uploaded: torch.cuda.Event | None = None
+        self.graphs: CudaGraphs | None = None
+        self._verify_query_len = 1 + max_spec_tokens  # query tokens per sequence of a verification graph
 
     def _wait_for_uploads(self) -> None:
         if self._uploaded is not None:
@@ -155,6 +164,64 @@ class ModelRunner:
         t = shape.num_tokens
         return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
 
+    # --- CUDA graphs ------------------------------------------------------------------------------
+
+    def capture_cuda_graphs(self, max_num_seqs: int) -> None:
+        """Capture decode graphs for every ladder size up to `max_num_seqs` (the hard cap), and, with
+        speculation, verification graphs of 1 + K_cap query tokens per sequence, largest first. Writes no
+        KV and needs no scheduler state; call it once, after the KV cache and fp8 scales are final."""
+        if self.graphs is not None:
+            raise RuntimeError("CUDA graphs are already captured for this runner")
+        if self.tp is not None:
+            raise RuntimeError("CUDA graphs are not supported with tensor parallelism; run eagerly")
+        max_tokens, max_seqs = self.input_ids.shape[0], self.seq_lens.shape[0]
+        keys = [GraphKey(b, q) for q in sorted({1, self._verify_query_len}) if max_tokens >= q
+                for b in capture_sizes(min(max_num_seqs, max_seqs, max_tokens // q))]
+        self.graphs = graphs = CudaGraphs(self.device)
+        for key in sorted(keys, key=lambda k: k.num_tokens, reverse=True):
+            # An all-padding step: the uploads stay outside the graph (each replay is preceded by them).
+            meta = self._upload(self._pad(StepShape(0, 0, 0, 0, 0, 0), key))
+            graphs.capture(key, functools.partial(self.model, self.input_ids[:key.num_tokens],
+                                                  self.positions[:key.num_tokens], self.kv_caches, meta))
+
+    def _graph_key(self, shape: StepShape) -> GraphKey | None:
+        """The captured graph that can run this step once padded, if any."""
+        if self.graphs is None or shape.num_seqs == 0:
+            return None
+        query_len = 1 if shape.max_query_len == 1 else self._verify_query_len
+        if shape.max_query_len > query_len:
+            return None
+        return self.graphs.padded_key(shape.num_seqs, query_len)
+
+    def _pad(self, shape: StepShape, key: GraphKey) -> StepShape:
+        """Fill the staged host buffers past the step's real rows up to `key`'s shape; the padded shape.
+
+        Decode graphs (query_len 1) run every row through the decode kernel; verification graphs run
+        every sequence through the varlen kernel, with padding sequences of 0 queries and padding
+        tokens that belong to no sequence (their outputs are never read)."""
+        self._wait_for_uploads()
+        t, b = shape.num_tokens, shape.num_seqs
+        t_pad, b_pad = key.num_tokens, key.num_seqs
+        self.h_input_ids.numpy()[t:t_pad] = 0
+        self.h_positions.numpy()[t:t_pad] = 0
+        self.h_slots.numpy()[t:t_pad] = -1
+        self.h_seq_lens.numpy()[b:b_pad] = 0
+        qsl = self.h_qsl.numpy()
+        if key.query_len == 1:
+            qsl[b + 1:b_pad + 1] = np.arange(b + 1, b_pad + 1)
+            return StepShape(t_pad, b_pad, b_pad, 1, shape.num_logits, shape.table_width)
+        qsl[b + 1:b_pad + 1] = t
+        return StepShape(t_pad, b_pad, 0, key.query_len, shape.num_logits, shape.table_width)
+
+    def _run(self, shape: StepShape) -> torch.Tensor:
+        """Hidden states of the step's tokens [T, hidden]: from a graph when one fits, else eagerly."""
+        key = self._graph_key(shape)
+        if key is None:
+            return self._forward(shape)
+        assert self.graphs is not None
+        self._upload(self._pad(shape, key))
+        return self.graphs.replay(key)[:shape.num_tokens]
+
     def hidden_states(self, out: SchedulerOutput) -> torch.Tensor:
         """Run a step on this rank alone (never broadcast) and return the final hidden states [T, hidden]:
         for work every rank stages identically by itself, such as fp8 calibration."""
@@ -166,7 +233,7 @@ class ModelRunner:
         shape = self.stage(out)
         if self.tp is not None:
             self._lead(shape)
-        hidden = self._forward(shape)
+        hidden = self._run(shape)
         if all_logits:
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[self.logits_idx[:shape.num_logits]])

@@ -36,9 +36,9 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # HF: weight * (x.float() * rsqrt(mean(x²) + eps)).to(x.dtype). F.rms_norm computes the same in fp32
+        # and rounds once to x's dtype, in one kernel on CUDA instead of six.
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -60,24 +60,27 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position up to max_positions, kept in fp32 (cast per use, as HF does)."""
+    """cos and sin for every position up to max_positions, in the model dtype (HF computes them in fp32 and
+    casts per use: the same values). sin has its first half negated so that HF's rotate_half(x) * sin is
+    roll(x, D/2) * sin: fewer kernels, bitwise the same (x * -s == -(x * s) in IEEE arithmetic)."""
 
-    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device) -> None:
+    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         super().__init__()
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(rope, head_dim))
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos: torch.Tensor = emb.cos().to(device)
-        self.sin: torch.Tensor = emb.sin().to(device)
+        sin = emb.sin()
+        sin[:, :head_dim // 2] *= -1
+        self.table: torch.Tensor = torch.stack((emb.cos(), sin), dim=1).to(dtype).to(device)  # [P, 2, D]
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].to(q.dtype).unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def lookup(self, positions: torch.Tensor) -> torch.Tensor:
+        """cos and signed sin of each token [T, 2, 1, D], gathered once per forward for every layer."""
+        return self.table[positions].unsqueeze(2)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rotary(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by its tokens' `Rotary.lookup` rows (HF's rotate-half form)."""
+    return x * cos_sin[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * cos_sin[:, 1]
 
 
 class Attention(nn.Module):
@@ -109,16 +112,17 @@ class Attention(nn.Module):
         self.k_amax = k_amax if self.k_amax is None else torch.maximum(self.k_amax, k_amax)
         self.v_amax = v_amax if self.v_amax is None else torch.maximum(self.v_amax, v_amax)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        t, qk_size, d = qkv.shape[0], self.q_size + self.kv_size, self.head_dim
+        v = qkv[:, qk_size:].view(t, self.num_kv_heads, d)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+            q = apply_rotary(self.q_norm(qkv[:, :self.q_size].view(t, self.num_heads, d)), cos_sin)
+            k = apply_rotary(self.k_norm(qkv[:, self.q_size:qk_size].view(t, self.num_kv_heads, d)), cos_sin)
+        else:  # q and k sit side by side in qkv: rotate them together
+            qk = apply_rotary(qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, d), cos_sin)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         if self.observe:
             self._observe(k, v)
         out = self.backend(q, k, v, kv_cache, meta, self.k_scale, self.v_scale)
@@ -168,15 +172,16 @@ class CausalLM(nn.Module):
         if lm_head:
             self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
                             else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
-        self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, device)
+        self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, dtype, device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]."""
         h = F.embedding(input_ids, self.embed_tokens)
+        cos_sin = self.rotary.lookup(positions)
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            h = h + layer.self_attn(layer.input_layernorm(h), positions, self.rotary, kv_cache, meta)
+            h = h + layer.self_attn(layer.input_layernorm(h), cos_sin, kv_cache, meta)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.norm(h)
 

@@ -1,0 +1,77 @@
+"""Where a decode step's GPU time goes: CUDA kernel time by kernel, from torch.profiler (GPU only).
+
+    python3 scripts/profile-decode.py MODEL_DIR OUT_JSON [--batch 1] [--context 512] [--steps 20] [engine args as
+    key=value, e.g. load_format=dummy dtype=bfloat16 max_model_len=4096 enforce_eager=true]
+
+Decodes `steps` steps of a `batch` of `context`-token prompts after a warm-up, then sums device time per
+kernel name (CUDA graph replays are traced kernel by kernel by CUPTI). Prints the top kernels and writes
+them, with the total kernel time per step and the kernel count per step, to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from governor.engine import LLM, SamplingParams
+from governor.engine.bench_throughput import sync_device
+
+
+def _value(v: str) -> object:
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("engine_args", nargs="*")
+    a = ap.parse_intermixed_args()
+    kwargs = dict(kv.split("=", 1) for kv in a.engine_args)
+    llm = LLM(a.model, **{k: _value(v) for k, v in kwargs.items()})
+    eng = llm.engine
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=a.steps + 12, ignore_eos=True)
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
+    for i in range(a.batch):
+        eng.add_request(f"p{i}", [rng.randrange(2, vocab) for _ in range(a.context)], params)
+    for _ in range(10):  # prefill and warm-up decode steps
+        eng.step()
+    sync_device()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(a.steps):
+            eng.step()
+        sync_device()
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            row = by_name[ev.name]
+            row[0] += ev.time_range.elapsed_us() / a.steps / 1e3  # ms per step
+            row[1] += 1 / a.steps
+    rows = sorted(((n, t, c) for n, (t, c) in by_name.items()), key=lambda r: -r[1])
+    total = sum(t for _, t, _ in rows)
+    count = sum(c for _, _, c in rows)
+    print(f"cuda_graphs={eng.runner.graphs is not None}: {total:.2f} ms of kernels per step, {count:.0f} kernels")
+    for n, t, c in rows[:25]:
+        print(f"{t:8.3f} ms {c:6.0f}x  {n[:110]}")
+    with open(a.out, "w") as f:
+        json.dump({"batch": a.batch, "context": a.context, "steps": a.steps,
+                   "cuda_graphs": eng.runner.graphs is not None, "kernel_ms_per_step": total, "kernels_per_step": count,
+                   "kernels": [{"name": n, "ms_per_step": t, "per_step": c} for n, t, c in rows]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
