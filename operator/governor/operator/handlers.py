@@ -18,6 +18,7 @@ from governor.operator.analysis import PrometheusQuery, Query, no_prometheus
 from governor.operator.api import GROUP, PLURAL, VERSION
 from governor.operator.reconcile import delete_children, reconcile
 from governor.operator.rollout import ACTION_ANNOTATION
+from governor.operator.tuning import run_tuner
 
 INTERVAL_S = float(os.environ.get("GOVERNOR_RECONCILE_INTERVAL_S", "30"))
 POD_MONITOR = os.environ.get("GOVERNOR_POD_MONITOR", "auto")
@@ -89,3 +90,15 @@ def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     removed = delete_children(meta["name"], meta["namespace"])
     logger.info("deleted children: %s", ", ".join(removed) or "none")
 
+
+def _autotune_enabled(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("autotune") or {}).get("enabled"))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, when=_autotune_enabled, cancellation_timeout=30)
+async def tuner_daemon(name: str, namespace: str | None, body: kopf.Body, stopped: kopf.DaemonStopped,
+                       logger: kopf.Logger, **_: Any) -> None:
+    """The SLO controller of one service, while spec.autotune.enabled (kopf stops it when that turns false or
+    the service is deleted). `body` is kopf's live view of the object: each interval sees the current spec and
+    status."""
+    await run_tuner(name, namespace or "default", body, stopped, logger)

@@ -71,10 +71,10 @@ def build_tuner(args: argparse.Namespace, sink: RecordSink) -> Tuner:
                              verify_intervals=args.verify_intervals, backoff_s=args.backoff)
     source: SignalSource
     if args.prometheus:
-        from governor.tuner.prom import PrometheusSource
+        from governor.tuner.prom import PrometheusSource, window_for
 
         source = PrometheusSource(args.prometheus, args.service, args.revision,
-                                  window_s=max(args.interval, 2 * args.scrape_interval),
+                                  window_s=window_for(args.interval, args.scrape_interval),
                                   scrape_interval_s=args.scrape_interval)
     else:
         source = EngineSource(EngineScraper(args.engine, scrape_interval_s=args.interval))

@@ -67,6 +67,12 @@ def duration(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
+def window_for(interval_s: float, scrape_interval_s: float) -> float:
+    """The PromQL window of one tuner interval: the interval, but at least two scrapes (rate() needs two
+    samples)."""
+    return max(interval_s, 2 * scrape_interval_s)
+
+
 def label_value(value: str) -> str:
     """A PromQL string literal (double-quoted, Go escapes) holding `value`."""
     return json.dumps(value, ensure_ascii=False)
