@@ -277,6 +277,9 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "absolute error rate above 1": (
         {"rollout.rollbackOn": [{"metric": "error_rate", "comparison": "absolute", "threshold": 2.0}]},
         "spec.rollout.rollbackOn[0].threshold"),
+    "relative throughput trigger with route weights": (
+        {"rollout.rollbackOn": [{"metric": "throughput", "threshold": 0.8}], "rollout.httpRoute": "chat-route"},
+        "spec.rollout.rollbackOn[0].comparison"),
     "trigger window under a second": (
         {"rollout.rollbackOn": [{"metric": "itl_p95", "threshold": 1.5, "for": "500ms"}]},
         "spec.rollout.rollbackOn[0].for"),

@@ -195,7 +195,7 @@ def test_judge_sends_scoped_promql_and_reads_both_revisions() -> None:
     ttft = metric_query("ttft_p95", "chat", "c2", 60)
     assert 'model_name="chat", revision="c2"' in ttft and "[1m]" not in ttft and "[60s]" in ttft
     assert "governor_time_to_first_token_seconds_bucket" in ttft
-    assert "/ count(governor_engine_info" in metric_query("throughput", "chat", "c2", 60)
+    assert "/ avg_over_time(count(governor_engine_info" in metric_query("throughput", "chat", "c2", 60)
 
 
 def test_judge_holds_when_a_revision_is_not_scraped() -> None:
@@ -211,3 +211,28 @@ def test_stable_config_map_knobs_follow_status_within_its_own_limits() -> None:
         {"max_num_seqs": "64", "max_num_batched_tokens": "512"}  # clamped to the stable revision's cap
     assert synced_knobs(cm, {"tuning": {"knobs": {"max_num_seqs": 8}}}) is None
     assert synced_knobs({"data": {"max_num_seqs": "x"}}, {}) is None  # not ours: left alone
+
+
+def test_a_manual_pause_does_not_shelter_a_canary_whose_trigger_fires() -> None:
+    state, _ = step(started(), T0 + 1, judgement=ok())
+    state, _ = step(state, T0 + 5, action="pause")
+    fired = Judgement((evaluate(0, TTFT, 0.2, 0.1),))
+    state, reasons = step(state, T0 + 6, judgement=fired)
+    assert (state.phase, reasons) == (ROLLED_BACK, ["RolloutRolledBack"])
+
+
+def test_an_abort_after_a_trigger_rollback_leaves_no_trigger_fields_behind() -> None:
+    # status is merge-patched: lastRollback of an abort names every key a fired trigger's has, as None
+    state, _ = step(started(), T0 + 1, judgement=Judgement((evaluate(0, TTFT, 0.2, 0.1),)))
+    fired_keys = set(state.last_rollback or {})
+    again, _ = start("stable1", "canary3", "a" * 64, "c" * 64, STEPS, replicas=4, now=T0 + 100, last=state)
+    aborted, _ = step(again, T0 + 101, action="abort")
+    assert set(aborted.last_rollback or {}) == fired_keys
+    assert (aborted.last_rollback or {})["limit"] is None and (aborted.last_rollback or {})["fired"] is None
+
+
+def test_a_canary_that_restarts_its_pods_while_stale_waits_as_starting_not_paused() -> None:
+    state, _ = step(started(), T0 + 1, judgement=Judgement((evaluate(0, TTFT, None, 0.1),)))
+    assert state.phase == PAUSED
+    state, _ = step(state, T0 + 2, ready=False)
+    assert (state.phase, state.reason) == (PROGRESSING, "CanaryStarting")

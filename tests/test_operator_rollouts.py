@@ -50,13 +50,15 @@ def revision_of(spec: dict[str, Any]) -> str:
     return revision_hash(parsed)
 
 
-def mark_pods_ready(cluster: Cluster, stop: threading.Event) -> None:
-    """The Deployment controller and kubelets of a real cluster, reduced to: every pod becomes ready."""
+def mark_pods_ready(cluster: Cluster, stop: threading.Event, ready_cap: dict[str, int]) -> None:
+    """The Deployment controller and kubelets of a real cluster, reduced to: every pod becomes ready (at most
+    `ready_cap[revision]` pods of a revision listed there, for pods that are slow to load their model)."""
     with httpx.Client(timeout=5) as http:
         while not stop.wait(0.3):
             try:
                 for dep in http.get(cluster.url + DEPLOYMENTS).json().get("items", []):
-                    want = dep["spec"].get("replicas", 1)
+                    revision = dep["metadata"]["labels"]["governor.dev/revision"]
+                    want = min(dep["spec"].get("replicas", 1), ready_cap.get(revision, 1 << 30))
                     if (dep.get("status") or {}).get("readyReplicas") != want:
                         http.patch(f"{cluster.url}{DEPLOYMENTS}/{dep['metadata']['name']}", headers=MERGE,
                                    json={"status": {"replicas": want, "readyReplicas": want}})
@@ -74,6 +76,7 @@ class World:
     tmp: Path
     v1: dict[str, Any]
     v2: dict[str, Any]
+    ready_cap: dict[str, int]
 
     def restart_operator(self, log_name: str) -> None:
         self.operator.stop()
@@ -133,9 +136,10 @@ def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
         (tmp_path / "prom").mkdir()
         prometheus = stack.enter_context(start_prometheus([stable.target, canary.target], tmp_path / "prom"))
         stop = threading.Event()
-        threading.Thread(target=mark_pods_ready, args=(cluster, stop), daemon=True).start()
+        ready_cap: dict[str, int] = {}
+        threading.Thread(target=mark_pods_ready, args=(cluster, stop, ready_cap), daemon=True).start()
         stack.callback(stop.set)
-        w = World(cluster, prometheus, stable, canary, None, tmp_path, v1, v2)  # type: ignore[arg-type]
+        w = World(cluster, prometheus, stable, canary, None, tmp_path, v1, v2, ready_cap)  # type: ignore[arg-type]
         w.operator = Operator(cluster, tmp_path / "operator.log", env=w.operator_env())
         stack.callback(lambda: w.operator.stop())
         yield w
@@ -195,9 +199,12 @@ def test_a_canary_with_ttft_one_and_a_half_times_stable_is_rolled_back(world: Wo
     time.sleep(4)  # GitOps: the spec still names v2, and the operator does not try it again
     assert set(world.deployments()) == {v1} and world.rollout()["phase"] == "RolledBack"
     assert sum(e["reason"] == "RolloutStarted" for e in world.events()) == 1
-    v3 = {**world.v2, "engine": {"image": "ghcr.io/example/engine:3"}}
-    world.patch_spec(v3)  # a new revision in the spec is rolled out again
-    world.wait(lambda: world.rollout().get("canaryRevision") == revision_of(v3), "a new spec did not roll out")
+    world.patch_spec(world.v1)  # back to the stable revision: the divergence is gone
+    world.wait(lambda: next(c for c in world.status()["conditions"] if c["type"] == "Degraded")["status"] == "False",
+               "going back to the stable revision did not clear Degraded")
+    world.patch_spec(world.v2)  # and forward again: the spec changed, so the revision is tried again
+    world.wait(lambda: world.rollout().get("phase") in ("Progressing", "Paused") and len(world.deployments()) == 2,
+               "the revision was not retried after the spec changed away and back")
 
 
 def test_missing_canary_metrics_pause_the_rollout_until_they_return(world: World) -> None:
@@ -213,13 +220,16 @@ def test_missing_canary_metrics_pause_the_rollout_until_they_return(world: World
     world.wait(lambda: world.rollout().get("phase") == "Promoted", "the rollout did not go on when metrics returned")
 
 
-@pytest.mark.parametrize("world", [{"pause": "8s"}], indirect=True)
+@pytest.mark.parametrize("world", [{"pause": "12s"}], indirect=True)
 def test_an_operator_restart_mid_rollout_resumes_where_it_was(world: World) -> None:
     world.start_rollout()
     v2 = revision_of(world.v2)
     before = world.wait(lambda: (r := world.rollout()).get("stepStartedAt") and r, "step 1 was never judged")
     canary_uid = world.deployments()[v2]["metadata"]["uid"]
     world.restart_operator("operator-2.log")
+    world.wait(lambda: "Timer 'on_timer' succeeded" in world.operator.log.read_text(), "the new operator never ran")
+    resumed = world.rollout()
+    assert (resumed["step"], resumed["stepStartedAt"]) == (0, before["stepStartedAt"])  # the step's clock ran on
     after = world.wait(lambda: (r := world.rollout()).get("step") == 1 and r, "the rollout did not go on")
     assert after["startedAt"] == before["startedAt"]  # the same rollout, not a new one
     assert world.deployments()[v2]["metadata"]["uid"] == canary_uid  # the canary was not recreated
@@ -232,6 +242,11 @@ def test_the_abort_annotation_rolls_back_now(world: World) -> None:
     world.start_rollout()
     v1 = revision_of(world.v1)
     world.wait(lambda: world.rollout().get("stepStartedAt"), "step 1 was never judged")
+    world.patch_spec({"rollout": {"steps": [{"weight": 50, "pause": "60s"}]}})  # steps edited mid-rollout
+    world.wait(lambda: (r := world.rollout()).get("plan") == "50%/60s" and r.get("step") == 0
+               and r.get("requestedWeight") == 50, "the rollout did not restart on the new steps")
+    assert any(e["reason"] == "RolloutSuperseded" for e in world.events())
+    world.wait(lambda: world.rollout().get("stepStartedAt"), "the new step 1 was never judged")
     world.annotate("pause")
     world.wait(lambda: world.rollout().get("reason") == "ManualPause", "the pause annotation was not obeyed")
     world.annotate("abort")
@@ -270,8 +285,15 @@ def test_with_an_http_route_the_canary_share_is_set_by_route_weights(world: Worl
     rollout = world.rollout()
     assert (rollout["traffic"], rollout["canaryWeight"]) == ("httpRoute", 25)  # exact: the route splits
     assert world.deployments()[v2]["spec"]["replicas"] == 1  # pods for its 25% share of 2 replicas' load
+    world.ready_cap[v2] = 1  # the new revision's second pod is slow to load
     world.wait(lambda: weights() == [("chat-stable", 50), ("chat-canary", 50)], "step 2 did not reweight")
     world.wait(lambda: world.rollout().get("phase") == "Promoted", "no promotion")
+    time.sleep(3)  # promoted, but only 1 of 2 pods of the new revision is ready: the old stable stays
+    progressing = next(c for c in world.status()["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "Promoting")
+    assert set(world.deployments()) == {v1, v2} and world.status()["revision"] == v1
+    assert weights() == [("chat-stable", 50), ("chat-canary", 50)]  # capacity never drops at promotion
+    del world.ready_cap[v2]
     world.wait(lambda: weights() == [("chat-stable", 100), ("chat-canary", 0)] and selects("stable") == v2,
                "after promotion the route did not send everything to the new stable revision")
     rule = ((get(world.cluster, f"{routes}/chat-route") or {})["spec"])["rules"][0]

@@ -123,7 +123,7 @@ def test_cluster_role_grants_exactly_least_privilege() -> None:
         ("apps", "deployments"): crud,
         ("", "services"): crud,
         ("", "configmaps"): crud,
-        ("", "secrets"): sorted(["get", "list", "watch", "create"]),
+        ("", "secrets"): sorted(["get", "list", "watch", "create", "delete"]),  # delete: the delete handler
         ("", "events"): ["create", "patch"],
         ("events.k8s.io", "events"): ["create", "patch"],
         ("monitoring.coreos.com", "podmonitors"): crud,

@@ -41,6 +41,7 @@ from governor.tuner.prom import (
     redacted,
     signal_queries,
     single_value,
+    window_for,
 )
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,8 @@ def metric_query(metric: str, service: str, revision: str, window_s: float) -> s
     """PromQL for one trigger metric of one revision over the last `window_s` seconds."""
     field_name, _ = METRICS[metric]
     query = signal_queries(matchers(service, revision), duration(window_s))[field_name]
-    if metric == "throughput":  # per engine: the canary runs fewer pods than stable by design
-        query = f"({query}) / {engines_query(service, revision)}"
+    if metric == "throughput":  # per engine (the canary runs fewer pods), engines averaged over the window
+        query = f"({query}) / avg_over_time({engines_query(service, revision)}[{duration(window_s)}:])"
     return query
 
 
@@ -149,18 +150,20 @@ class Judgement:
         return [r.to_status() for r in self.results]
 
 
-def judge(triggers: Sequence[RollbackTrigger], query: Query, service: str, stable: str, canary: str) -> Judgement:
+def judge(triggers: Sequence[RollbackTrigger], query: Query, service: str, stable: str, canary: str,
+          scrape_interval_s: float = 0.0) -> Judgement:
     """Evaluate every trigger, canary revision against stable, through `query`.
 
     A trigger that fires counts even when another has no data: a clear regression rolls back at once. Data
-    of a revision that is not being scraped now is not judged at all (its windows may be old)."""
+    of a revision that is not being scraped now is not judged at all (its windows may be old). A trigger's
+    window is its `for`, widened to two scrapes when shorter (`prom.window_for`: rate() needs two samples)."""
     if not triggers:
         return Judgement()
     compared = (canary, stable) if any(t.comparison == "relative" for t in triggers) else (canary,)
     stale = tuple(rev for rev in compared if not query(engines_query(service, rev)))
     results = []
     for i, trigger in enumerate(triggers):
-        window_s = duration_seconds(trigger.for_)
+        window_s = window_for(duration_seconds(trigger.for_), scrape_interval_s)
         canary_value = None if canary in stale else query(metric_query(trigger.metric, service, canary, window_s))
         stable_value = None
         if trigger.comparison == "relative" and stable not in stale:

@@ -452,6 +452,10 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
         if trigger.comparison == "relative" and trigger.metric == "throughput" and trigger.threshold > 1:
             err(FieldError(f"{path}.threshold", "a relative throughput threshold is a ratio to stable and must be "
                                                 f"≤ 1 (0.8 = 20% less), got {trigger.threshold:g}"))
+        if trigger.comparison == "relative" and trigger.metric == "throughput" and spec.rollout.http_route:
+            err(FieldError(f"{path}.comparison", "a relative throughput trigger compares tokens/s per engine, which "
+                                                 "with httpRoute weights depends on the step (the canary's pods get a "
+                                                 "different share of load than stable's): use absolute"))
         if trigger.comparison == "absolute" and trigger.metric == "error_rate" and trigger.threshold > 1:
             err(FieldError(f"{path}.threshold", f"an error rate is a fraction 0..1, got {trigger.threshold:g}"))
 

@@ -9,7 +9,8 @@ back-off; the operator process never exits on a bad object.
 from __future__ import annotations
 
 import os
-from typing import Any
+import threading
+from typing import Any, cast
 
 import kopf
 import kubernetes
@@ -18,7 +19,7 @@ from governor.operator.analysis import PrometheusQuery, Query, no_prometheus
 from governor.operator.api import GROUP, PLURAL, VERSION
 from governor.operator.reconcile import delete_children, reconcile
 from governor.operator.rollout import ACTION_ANNOTATION
-from governor.operator.tuning import run_tuner
+from governor.operator.tuning import DEFAULT_SCRAPE_INTERVAL_S, SCRAPE_INTERVAL_ENV, run_tuner
 
 INTERVAL_S = float(os.environ.get("GOVERNOR_RECONCILE_INTERVAL_S", "30"))
 POD_MONITOR = os.environ.get("GOVERNOR_POD_MONITOR", "auto")
@@ -51,16 +52,46 @@ def _query() -> Query:
     return PrometheusQuery(PROMETHEUS_URL) if PROMETHEUS_URL else no_prometheus
 
 
-def _run(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger) -> None:
+def _scrape_interval_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(SCRAPE_INTERVAL_ENV, DEFAULT_SCRAPE_INTERVAL_S)))
+    except ValueError:
+        return DEFAULT_SCRAPE_INTERVAL_S
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(uid: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(uid, threading.Lock())
+
+
+def _run(body: kopf.Body, logger: kopf.Logger) -> None:
+    """One reconcile, serialized per object: kopf runs the timer beside the create/update handlers, and two
+    passes working from different snapshots could undo each other's rollout step. Inside the lock the object
+    is read afresh, and its status (and a consumed rollout action) written before the lock is released."""
     meta = body["metadata"]
-    namespace = meta["namespace"]
-    outcome = reconcile(meta["name"], namespace, meta["uid"], int(meta.get("generation") or 1), body.get("spec"),
-                        body.get("status") or {}, meta.get("annotations") or {},
-                        pod_monitor=_pod_monitor_available(namespace), query=_query())
-    for key, value in outcome.status.items():
-        patch.status[key] = value
-    if outcome.consumed_action:  # one-shot: the rollout's state in status remembers what it did
-        patch.metadata.annotations[ACTION_ANNOTATION] = None
+    name, namespace = meta["name"], meta["namespace"]
+    api = kubernetes.client.CustomObjectsApi()
+    with _lock(meta["uid"]):
+        try:
+            current = cast("dict[str, Any]", api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+        except kubernetes.client.exceptions.ApiException as e:
+            if e.status == 404:
+                return  # deleted meanwhile
+            raise
+        cmeta = current["metadata"]
+        outcome = reconcile(name, namespace, cmeta["uid"], int(cmeta.get("generation") or 1), current.get("spec"),
+                            current.get("status") or {}, cmeta.get("annotations") or {},
+                            pod_monitor=_pod_monitor_available(namespace), query=_query(),
+                            scrape_interval_s=_scrape_interval_s())
+        api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                  {"status": outcome.status})
+        if outcome.consumed_action:  # one-shot: the rollout's state in status remembers what it did
+            api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                               {"metadata": {"annotations": {ACTION_ANNOTATION: None}}})
     for reason, message, type_ in outcome.events:
         kopf.event(body, type=type_, reason=reason, message=message)
         logger.info("%s: %s", reason, message)
@@ -69,19 +100,19 @@ def _run(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger) -> None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
-    _run(body, patch, logger)
+def on_change(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    _run(body, logger)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, annotations={ACTION_ANNOTATION: kopf.PRESENT})
-def on_rollout_action(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+def on_rollout_action(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     """pause, resume, abort or promote, asked for with `kubectl annotate ... governor.dev/rollout-action=...`."""
-    _run(body, patch, logger)
+    _run(body, logger)
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL_S, initial_delay=INTERVAL_S, idle=None)
-def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
-    _run(body, patch, logger)
+def on_timer(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    _run(body, logger)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

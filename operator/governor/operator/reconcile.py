@@ -40,12 +40,12 @@ from governor.operator.rollout import (
     ACTION_ANNOTATION,
     ACTIONS,
     ENDED_WITHOUT_PROMOTION,
-    PAUSED,
     PROMOTED,
     ROLLED_BACK,
     Rollout,
     Transition,
     advance,
+    plan_of,
     replicas_during,
     stamp,
     start,
@@ -341,11 +341,12 @@ def _tuning_condition(spec: InferenceServiceSpec, status: Mapping[str, Any]) -> 
 
 def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: Any, status: Mapping[str, Any],
               annotations: Mapping[str, Any] | None = None, *, pod_monitor: bool, query: Query = no_prometheus,
-              now: float | None = None) -> Outcome:
+              scrape_interval_s: float = 0.0, now: float | None = None) -> Outcome:
     """One level-based pass over an InferenceService: children, rollout, status and Events.
 
-    `query` answers the rollout's PromQL (`analysis.PrometheusQuery`, or `no_prometheus`); `annotations` may
-    hold a rollout action, which the caller removes when `Outcome.consumed_action` is set."""
+    `query` answers the rollout's PromQL (`analysis.PrometheusQuery`, or `no_prometheus`), whose scrape interval
+    is `scrape_interval_s` (trigger windows span at least two scrapes); `annotations` may hold a rollout
+    action, which the caller removes when `Outcome.consumed_action` is set."""
     now_s = time.time() if now is None else now
     stamp_now = _now()
     conditions = list(status.get("conditions") or [])
@@ -360,7 +361,7 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         old_ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
         changed = status.get("phase") != "Failed" or old_ready.get("message") != message
         return Outcome({"observedGeneration": generation, "phase": "Failed", "conditions": conditions},
-                       [("InvalidSpec", message, "Warning")] if changed else [])
+                       [("InvalidSpec", message, "Warning")] if changed else [], consumed_action=consumed)
 
     spec = parsed
     desired = revision_hash(spec)
@@ -383,27 +384,61 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
     route, route_problem = read_route(namespace, spec.rollout.http_route, name) if spec.rollout.http_route \
         else (None, None)
     degraded: tuple[str, str] | None = None
-    if stable is None or stable == desired or not spec.rollout.steps or spec.replicas == 0:
+    promoting = False  # promoted, and the new revision's pods are not all ready yet: the old stable stays
+
+    def hold_rolled_back(r: Rollout, old: str) -> set[str]:
+        nonlocal degraded
+        writes.extend(keep_stable(name, namespace, old, spec.replicas, status))
+        apply_shared(name, namespace, uid, generation, spec, status, pod_monitor, writes)
+        degraded = (r.phase, _divergence(desired, old, r))
+        return {old}
+
+    def finish_promotion(old: str) -> tuple[str, set[str]]:
+        """The canary takes all of spec.replicas; the old stable goes only once they are ready (capacity never
+        drops at promotion)."""
+        nonlocal promoting
+        apply_all()
+        if spec.replicas == 0 or _ready(existing.get(desired)) >= spec.replicas:
+            return desired, {desired}
+        promoting = True
+        writes.extend(keep_stable(name, namespace, old, spec.replicas, status))
+        return old, {old, desired}
+
+    keep: set[str] | None = None
+    if stable is not None and stable != desired and rollout is not None and rollout.canary_revision == desired \
+            and rollout.stable_revision == stable and not rollout.superseded:
+        # The spec still names the revision of a rollout that ended: a rolled-back or aborted one is not
+        # retried (GitOps divergence, Degraded); a promoted one finishes taking over.
+        if rollout.phase in ENDED_WITHOUT_PROMOTION:
+            keep = hold_rolled_back(rollout, stable)
+        elif rollout.phase == PROMOTED:
+            stable, keep = finish_promotion(stable)
+    if keep is not None:
+        pass
+    elif stable is None or stable == desired or not spec.rollout.steps or spec.replicas == 0:
+        if rollout is not None and rollout.phase in ENDED_WITHOUT_PROMOTION and rollout.canary_revision != desired:
+            rollout = replace(rollout, superseded=True)  # the spec moved on: that revision may be tried again
         if rollout is not None and rollout.active:
-            why = "the spec returned to the stable revision" if stable == desired else \
-                "the spec's revision replaces the old one at once (no steps, no replicas, or no stable Deployment)"
-            rollout = replace(rollout, phase=ABORTED if stable == desired else PROMOTED, reason="SpecChanged",
-                              message=why, step_started_at=None, ended_at=stamp(now_s))
-            transitions.append(Transition("RolloutEnded", f"rollout of {last.canary_revision if last else '?'} "
-                                                          f"ended: {why}"))
+            if stable == desired:
+                why, phase, reason = "the spec returned to the stable revision", ABORTED, "SpecReverted"
+            else:
+                why, phase, reason = ("the spec's revision replaces the old one at once, unjudged (no steps, no "
+                                      "replicas, or no stable Deployment)", PROMOTED, "ReplacedAtOnce")
+            rollout = replace(rollout, phase=phase, reason=reason, message=why, step_started_at=None,
+                              ended_at=stamp(now_s))
+            transitions.append(Transition("RolloutEnded", f"rollout of {rollout.canary_revision} ended: {why}"))
         apply_all()
         stable, keep = desired, {desired}
-    elif rollout is not None and rollout.canary_revision == desired and rollout.phase in ENDED_WITHOUT_PROMOTION:
-        writes += keep_stable(name, namespace, stable, spec.replicas, status)
-        apply_shared(name, namespace, uid, generation, spec, status, pod_monitor, writes)
-        keep = {stable}
-        degraded = (rollout.phase, _divergence(desired, stable, rollout))
     else:
+        assert stable is not None
         if rollout is None or not rollout.active or rollout.canary_revision != desired \
-                or rollout.stable_revision != stable or rollout.traffic != traffic:
+                or rollout.stable_revision != stable or rollout.traffic != traffic \
+                or rollout.plan != plan_of(spec.rollout.steps):
             if rollout is not None and rollout.active:
-                transitions.append(Transition("RolloutSuperseded", f"revision {rollout.canary_revision} is no longer "
-                                              f"the spec's; rolling out {desired} instead", "Warning"))
+                why = f"revision {rollout.canary_revision} is no longer the spec's" \
+                    if rollout.canary_revision != desired else "the spec's steps or traffic routing changed"
+                transitions.append(Transition("RolloutSuperseded", f"{why}; rolling out {desired} from step 1",
+                                              "Warning"))
             rendered = render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor)
             canary_hash = _template_hash(next(o for o in rendered if o["kind"] == "Deployment"))
             rollout, started = start(stable, desired, _template_hash(existing[stable]), canary_hash,
@@ -411,37 +446,36 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
             transitions.append(started)
         _, canary_count = replicas_during(rollout, spec.replicas)
         canary_ready = _ready(existing.get(desired)) >= canary_count and route_problem is None
-        manual_hold = rollout.phase == PAUSED and rollout.reason == "ManualPause" and action != "resume"
         judgement = None
-        if canary_ready and not manual_hold and action not in ("abort", "promote") and spec.rollout.rollback_on:
-            judgement = judge(spec.rollout.rollback_on, query, spec.model.served_name or name, stable, desired)
+        if canary_ready and action not in ("abort", "promote") and spec.rollout.rollback_on:
+            judgement = judge(spec.rollout.rollback_on, query, spec.model.served_name or name, stable, desired,
+                              scrape_interval_s=scrape_interval_s)
         rollout, moved = advance(rollout, spec.rollout.steps, spec.replicas, action=action, canary_ready=canary_ready,
                                  judgement=judgement, now=now_s)
         transitions += moved
         if rollout.phase == PROMOTED:
-            apply_all()
-            stable, keep = desired, {desired}
+            stable, keep = finish_promotion(stable)
         elif rollout.phase in ENDED_WITHOUT_PROMOTION:
-            writes += keep_stable(name, namespace, stable, spec.replicas, status)
-            apply_shared(name, namespace, uid, generation, spec, status, pod_monitor, writes)
-            keep = {stable}
-            degraded = (rollout.phase, _divergence(desired, stable, rollout))
+            keep = hold_rolled_back(rollout, stable)
         else:
             writes += keep_stable(name, namespace, stable, spec.replicas, status)
             apply_all(replicas_during(rollout, spec.replicas)[1])
             keep = {stable, desired}
+    assert stable is not None  # every branch above settles the stable revision
     active = rollout is not None and rollout.active
     route_status = None
     if spec.rollout.http_route:
-        weight = rollout.canary_weight if active and rollout is not None else 0
+        shifting = (active or promoting) and rollout is not None
+        weight = rollout.canary_weight if shifting and rollout is not None else 0
         writes += route_traffic(name, namespace, uid, spec.rollout.http_route, route, stable,
-                                desired if active else stable, weight)
+                                desired if shifting else stable, weight)
         route_status = {"httpRoute": spec.rollout.http_route, "problem": route_problem}
         if route_problem and route_problem != ((status.get("trafficRouting") or {}).get("problem")):
             events.append(("HTTPRouteUnusable", f"{route_problem}; the canary's step waits until the route "
                                                 "references the service", "Warning"))
     elif (old_route := (status.get("trafficRouting") or {}).get("httpRoute")):
         writes += unroute_traffic(name, namespace, str(old_route))
+    assert keep is not None
     writes += prune_revisions(name, namespace, keep)
     if action is not None and not transitions:
         events.append(("RolloutActionIgnored", f"{ACTION_ANNOTATION}={action}: no rollout in progress that it "
@@ -455,11 +489,15 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         ready_status, reason, msg = "True", "ReplicasReady", f"{ready}/{want} replicas of revision {stable} ready"
     else:
         ready_status, reason, msg = "False", "ReplicasStarting", f"{ready}/{want} replicas of revision {stable} ready"
-    phase = "Degraded" if degraded else "Progressing" if active or ready_status == "False" else "Ready"
+    phase = "Degraded" if degraded else "Progressing" if active or promoting or ready_status == "False" else "Ready"
     conditions = set_condition(conditions, "Ready", ready_status, reason, msg, generation, stamp_now)
     if active and rollout is not None:
         conditions = set_condition(conditions, "Progressing", "True", rollout.reason, rollout.message, generation,
                                    stamp_now)
+    elif promoting:
+        conditions = set_condition(conditions, "Progressing", "True", "Promoting",
+                                   f"revision {desired} promoted; waiting for its {want} pods to be ready before "
+                                   f"revision {stable} is removed", generation, stamp_now)
     else:
         conditions = set_condition(conditions, "Progressing", "False" if ready_status == "True" else "True",
                                    "RevisionAvailable" if ready_status == "True" else "RevisionRolling",

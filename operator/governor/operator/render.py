@@ -6,9 +6,11 @@ What is rendered, per service `<name>`:
   service and revision labels;
 - Service `<name>`: ClusterIP on port 8000, selected by the service label only, so stable and canary pods
   both receive traffic (their replica counts set the split);
-- ConfigMap `<name>-engine-config`: the engine arguments as JSON for humans and drift checks, the revision,
-  and the starting knob values the pods read at start;
-- PodMonitor `<name>` (Prometheus Operator), when asked for.
+- ConfigMap `<name>-<revision>-config`: the engine arguments as JSON for humans and drift checks, the
+  revision, the starting knob values the pods read at start, and their limits (`synced_knobs` keeps a stable
+  revision's values tuned without re-rendering it);
+- PodMonitor `<name>` (Prometheus Operator), when asked for;
+- with an HTTPRoute (`role_services`): Services `<name>-stable` and `<name>-canary`, one revision each.
 The admin-token Secret is not rendered: the operator creates it once with a random token (`admin_secret`)
 and never re-renders it, so the token does not change under running pods.
 

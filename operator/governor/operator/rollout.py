@@ -78,13 +78,16 @@ class Rollout:
     analysis: list[dict[str, Any]] = field(default_factory=list)
     last_rollback: dict[str, Any] | None = None
     traffic: str = REPLICAS  # how the split is made: `traffic.REPLICAS` or `traffic.HTTP_ROUTE`
+    plan: str = ""  # the steps it walks (`plan_of`): other steps in the spec restart the rollout
+    superseded: bool = False  # ended unpromoted, then the spec named another revision: it may be retried
 
     @property
     def active(self) -> bool:
         return self.phase in ACTIVE
 
     def to_status(self) -> dict[str, Any]:
-        """camelCase dict; every field present (None included) so a merge patch clears stale ones."""
+        """camelCase dict with every field; a None removes the field from status (merge patch), so nothing of
+        an earlier rollout lingers."""
         return {_camel(k): v for k, v in asdict(self).items()}
 
     @classmethod
@@ -115,6 +118,11 @@ class Transition:
     type: str = "Normal"
 
 
+def plan_of(steps: list[RolloutStep]) -> str:
+    """The steps as one comparable string, e.g. "10%/2m,50%/2m"."""
+    return ",".join(f"{s.weight}%/{s.pause}" for s in steps)
+
+
 def start(stable: str, canary: str, stable_hash: str, canary_hash: str, steps: list[RolloutStep], replicas: int,
           now: float, last: Rollout | None, traffic: str = REPLICAS) -> tuple[Rollout, Transition]:
     """A new rollout at step 0 (its clock starts when the canary's pods are ready). `last` carries over
@@ -125,7 +133,7 @@ def start(stable: str, canary: str, stable_hash: str, canary_hash: str, steps: l
                     canary_weight=canary_share(replicas, weight, traffic),
                     stable_revision=stable, canary_revision=canary, stable_template_hash=stable_hash,
                     canary_template_hash=canary_hash, started_at=stamp(now),
-                    last_rollback=last.last_rollback if last else None, traffic=traffic)
+                    last_rollback=last.last_rollback if last else None, traffic=traffic, plan=plan_of(steps))
     return state, Transition("RolloutStarted", f"rolling out revision {canary} over stable {stable} in "
                                                f"{len(steps)} step(s): {', '.join(f'{s.weight}%' for s in steps)}")
 
@@ -144,12 +152,13 @@ def _ended(state: Rollout, phase: str, reason: str, message: str, now: float, **
 def advance(state: Rollout, steps: list[RolloutStep], replicas: int, *, action: str | None, canary_ready: bool,
             judgement: Judgement | None, now: float) -> tuple[Rollout, list[Transition]]:
     """One check of an active rollout. `action` is the rollout-action annotation (already validated against
-    `ACTIONS`, or None); `judgement` the triggers' verdicts, None when nothing was judged (no triggers, canary
-    not ready, or manually paused). Returns the new state and the transitions to report."""
+    `ACTIONS`, or None); `judgement` the triggers' verdicts, None when nothing was judged (no triggers, or the
+    canary not ready). Returns the new state and the transitions to report."""
     if not state.active:
         return state, []
     if action == "abort":
-        rollback = {"trigger": "manual-abort", "metric": None, "observed": None, "threshold": None, "window": None,
+        rollback = {"trigger": "manual-abort", "metric": None, "comparison": None, "threshold": None,
+                    "window": None, "observed": None, "stable": None, "limit": None, "fired": None, "missing": None,
                     "at": stamp(now), "revision": state.canary_revision,
                     "message": f"aborted by annotation {ACTION_ANNOTATION}=abort"}
         msg = f"revision {state.canary_revision} aborted by hand at step {state.step + 1}/{state.steps}; " \
@@ -159,25 +168,26 @@ def advance(state: Rollout, steps: list[RolloutStep], replicas: int, *, action: 
     if action == "promote":
         msg = f"revision {state.canary_revision} promoted by hand at step {state.step + 1}/{state.steps}"
         return _ended(state, PROMOTED, "ManualPromote", msg, now), [Transition("RolloutPromoted", msg)]
-    if action == "pause" and not (state.phase == PAUSED and state.reason == "ManualPause"):
-        msg = f"paused by hand at step {state.step + 1}/{state.steps}; resume with {ACTION_ANNOTATION}=resume"
-        return replace(state, phase=PAUSED, reason="ManualPause", message=msg, step_started_at=None), \
-            [Transition("RolloutPaused", msg)]
-    if state.phase == PAUSED and state.reason == "ManualPause":
-        if action != "resume":
-            return state, []
-        state = replace(state, phase=PROGRESSING, reason="Resumed", message="resumed by hand; the step's pause "
-                        "starts again", step_started_at=None)
-        transitions = [Transition("RolloutResumed", f"resumed by hand at step {state.step + 1}/{state.steps}")]
-    else:
-        transitions = []
-
+    # A fired trigger rolls back whatever else holds the rollout: a manual pause does not shelter a bad canary.
     if judgement is not None and (fired := judgement.fired) is not None:
         rollback = {**fired.to_status(), "at": stamp(now), "revision": state.canary_revision,
                     "message": fired.describe()}
         msg = f"revision {state.canary_revision} rolled back at step {state.step + 1}/{state.steps}: {fired.describe()}"
         return _ended(state, ROLLED_BACK, "TriggerFired", msg, now, analysis=judgement.to_status(),
-                      last_rollback=rollback), [*transitions, Transition("RolloutRolledBack", msg, "Warning")]
+                      last_rollback=rollback), [Transition("RolloutRolledBack", msg, "Warning")]
+    manual = state.phase == PAUSED and state.reason == "ManualPause"
+    if action == "pause" and not manual:
+        msg = f"paused by hand at step {state.step + 1}/{state.steps}; resume with {ACTION_ANNOTATION}=resume"
+        return replace(state, phase=PAUSED, reason="ManualPause", message=msg, step_started_at=None), \
+            [Transition("RolloutPaused", msg)]
+    transitions = []
+    if manual:
+        if action != "resume":
+            return (state if judgement is None else replace(state, analysis=judgement.to_status())), []
+        state = replace(state, phase=PROGRESSING, reason="Resumed", message="resumed by hand; the step's pause "
+                        "starts again", step_started_at=None)
+        transitions.append(Transition("RolloutResumed", f"resumed by hand at step {state.step + 1}/{state.steps}"))
+
     if judgement is not None:
         state = replace(state, analysis=judgement.to_status())
         if judgement.missing:
@@ -193,8 +203,9 @@ def advance(state: Rollout, steps: list[RolloutStep], replicas: int, *, action: 
 
     if not canary_ready:
         if state.step_started_at is None:
-            return replace(state, reason="CanaryStarting", message=f"waiting for the canary's pods at step "
-                                                                   f"{state.step + 1}/{state.steps}"), transitions
+            return replace(state, phase=PROGRESSING, reason="CanaryStarting",
+                           message=f"waiting for the canary's pods (and route) at step "
+                                   f"{state.step + 1}/{state.steps}"), transitions
         return state, transitions  # a pod restarting mid-step does not restart the step
     if state.step_started_at is None:
         return replace(state, phase=PROGRESSING, reason="Judging", step_started_at=stamp(now),
