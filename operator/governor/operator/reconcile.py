@@ -14,7 +14,6 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client
@@ -85,10 +84,6 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     new = {"type": type_, "status": status, "reason": reason, "message": message,
            "lastTransitionTime": since, "observedGeneration": generation}
     return [c for c in conditions if c.get("type") != type_] + [new]
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -162,38 +157,45 @@ def ensure_admin_secret(name: str, namespace: str, uid: str) -> str | None:
     return f"created Secret/{body['metadata']['name']}"
 
 
+def owned_children(lister: Callable[..., Any], namespace: str, name: str) -> list[dict[str, Any]]:
+    """The objects `lister` returns for service `name`'s label, checked again here before anyone acts on them
+    (a selector an API stand-in ignores must not make the operator delete another service's children)."""
+    items = lister(namespace, label_selector=f"{LABEL_SERVICE}={name}").items
+    return [d for item in items if ((d := _as_dict(item))["metadata"].get("labels") or {}).get(LABEL_SERVICE) == name]
+
+
+def _delete(deleter: Callable[..., Any], child: str, namespace: str) -> bool:
+    try:
+        deleter(child, namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    return True
+
+
 def prune_revisions(name: str, namespace: str, keep: set[str]) -> list[str]:
     """Delete this service's Deployments and ConfigMaps of revisions not in `keep` (a replaced stable, a
     rolled-back or superseded canary)."""
     core, apps = client.CoreV1Api(), client.AppsV1Api()
-    selector = f"{LABEL_SERVICE}={name}"
     removed = []
     for kind, lister, deleter in (("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
                                   ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map)):
-        for item in lister(namespace, label_selector=selector).items:
-            meta = _as_dict(item)["metadata"]
-            labels = meta.get("labels") or {}
-            revision = labels.get(LABEL_REVISION)
-            if labels.get(LABEL_SERVICE) != name or revision is None or revision in keep:
-                continue
-            try:
-                deleter(meta["name"], namespace)
+        for child in owned_children(lister, namespace, name):
+            meta = child["metadata"]
+            revision = (meta.get("labels") or {}).get(LABEL_REVISION)
+            if revision is not None and revision not in keep and _delete(deleter, meta["name"], namespace):
                 removed.append(f"deleted {kind}/{meta['name']} (revision {revision})")
-            except ApiException as e:
-                if e.status != 404:
-                    raise
     return removed
 
 
 def revision_deployments(name: str, namespace: str) -> dict[str, dict[str, Any]]:
     """This service's Deployments by revision label."""
-    found = client.AppsV1Api().list_namespaced_deployment(namespace, label_selector=f"{LABEL_SERVICE}={name}")
     out = {}
-    for item in found.items:
-        d = _as_dict(item)
-        labels = d["metadata"].get("labels") or {}
-        if labels.get(LABEL_SERVICE) == name and labels.get(LABEL_REVISION):
-            out[labels[LABEL_REVISION]] = d
+    for d in owned_children(client.AppsV1Api().list_namespaced_deployment, namespace, name):
+        revision = (d["metadata"].get("labels") or {}).get(LABEL_REVISION)
+        if revision:
+            out[revision] = d
     return out
 
 
@@ -223,24 +225,15 @@ def delete_children(name: str, namespace: str) -> list[str]:
     """Delete every child labelled for service `name`. The API server's garbage collector would do it
     through the ownerReferences; doing it explicitly makes deletion independent of the collector's pace."""
     core, apps = client.CoreV1Api(), client.AppsV1Api()
-    selector = f"{LABEL_SERVICE}={name}"
     removed: list[str] = []
     for kind, lister, deleter in (
             ("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
             ("Service", core.list_namespaced_service, core.delete_namespaced_service),
             ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map),
             ("Secret", core.list_namespaced_secret, core.delete_namespaced_secret)):
-        for item in lister(namespace, label_selector=selector).items:
-            meta = _as_dict(item)["metadata"]
-            if (meta.get("labels") or {}).get(LABEL_SERVICE) != name:
-                continue  # the selector already says so; checked again before anything is deleted
-            child = str(meta["name"])
-            try:
-                deleter(child, namespace)
-                removed.append(f"deleted {kind}/{child}")
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+        for child in owned_children(lister, namespace, name):
+            if _delete(deleter, child["metadata"]["name"], namespace):
+                removed.append(f"deleted {kind}/{child['metadata']['name']}")
     return removed
 
 
@@ -348,7 +341,7 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
     is `scrape_interval_s` (trigger windows span at least two scrapes); `annotations` may hold a rollout
     action, which the caller removes when `Outcome.consumed_action` is set."""
     now_s = time.time() if now is None else now
-    stamp_now = _now()
+    stamp_now = stamp(now_s)
     conditions = list(status.get("conditions") or [])
     action, events = read_action(annotations or {})
     consumed = (annotations or {}).get(ACTION_ANNOTATION) is not None

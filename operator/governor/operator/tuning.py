@@ -392,6 +392,9 @@ class ServiceTuning:
                          self.name)
             self.tuner = build_tuner(config, self.make_source(config), self.make_actuator(config.revision),
                                      FanOut([LogSink(), self.sink]))
+            # Decision ids stay unique per service across tuners (rollouts, restarts): they go on from history.
+            self.tuner.next_id = 1 + max((h["id"] for h in self.sink.history if isinstance(h.get("id"), int)),
+                                         default=0)
             self.config = config
             self.new_baseline = True
         tuner = self.tuner
