@@ -34,14 +34,7 @@ gov() { timeout "${STEP_TIMEOUT_S:-540}" python3 -m governor.engine "$@" 2>&1 | 
 config_only() {  # $1 dir, $2 preset: config.json + tokenizer, no weights
   [ -f "$1/config.json" ] || gov make-model "$1" --arch llama --preset "$2" --no-weights --dtype bfloat16
 }
-FAILED=()
-stage() {  # stage NAME COMMAND...: run, time, and record a failure without stopping the script
-  local name=$1 t0=$SECONDS
-  shift
-  echo "=== $name: start $(date -u +%H:%M:%SZ)"
-  if "$@"; then echo "=== $name: ok in $((SECONDS - t0)) s"
-  else echo "=== $name: FAILED in $((SECONDS - t0)) s"; FAILED+=("$name"); fi
-}
+. "$(dirname "$0")/gpu-stages.sh"
 
 tests() {
   timeout 900 python3 -m pytest -q -m gpu -s tests/test_tensor_parallel.py -p no:cacheprovider 2>&1 \

@@ -21,14 +21,7 @@ triton.__version__)" | tee -a "$OUT/gpu.txt"
 fi
 M=/tmp/issue9/$PRESET
 quiet() { grep -vE "Writing model shards|Loading|INFO governor.engine: (KV|model)" || true; }
-FAILED=()
-stage() {  # stage NAME COMMAND...: run, time, and record a failure without stopping the script
-  local name=$1 t0=$SECONDS
-  shift
-  echo "=== $name: start $(date -u +%H:%M:%SZ)"
-  if "$@"; then echo "=== $name: ok in $((SECONDS - t0)) s"
-  else echo "=== $name: FAILED in $((SECONDS - t0)) s"; FAILED+=("$name"); fi
-}
+. "$(dirname "$0")/gpu-stages.sh"
 
 tests() {
   timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs --durations=8 \

@@ -89,25 +89,78 @@ def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> d
     }
 
 
-def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: int) -> dict[str, Any]:
+@dataclass
+class HFOptions:
+    """Optional transformers settings of the hf backend (all None/defaults: the plain `generate` run).
+
+    cache_implementation: passed to `generate` ("static" preallocates the KV cache; transformers then
+      compiles the decode forward with torch.compile, mode "reduce-overhead", on CUDA by itself).
+    attn_implementation: passed to `from_pretrained` ("sdpa", "eager", ...; None: transformers' default).
+    max_batches: time only the first N batches of batch_size and report their rate (extrapolated, flagged
+      in the result); None times them all.
+    warmup_tokens: None keeps the small warm-up (2 prompts); N warms up on a whole first batch with the
+      timed run's max_new_tokens, stopped after N new tokens, so a static cache and compiled graphs of the
+      timed shape exist before timing.
+    progress_every: log the elapsed time every N generated tokens of each timed batch (syncs the GPU then).
+    """
+
+    cache_implementation: str | None = None
+    attn_implementation: str | None = None
+    max_batches: int | None = None
+    warmup_tokens: int | None = None
+    progress_every: int | None = None
+
+
+def _stop_after(tokens: int, every: int | None, label: str) -> Any:
+    """A StoppingCriteria that ends generation after `tokens` new tokens (0: never) and, every `every`
+    tokens, prints the seconds since the first call."""
+    from transformers import StoppingCriteria
+
+    class StopAfter(StoppingCriteria):
+        def __init__(self) -> None:
+            self.start_len: int | None = None
+            self.t0 = time.perf_counter()
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            if self.start_len is None:
+                self.start_len = input_ids.shape[1] - 1
+            new = input_ids.shape[1] - self.start_len
+            if every and new % every == 0:
+                sync_device()
+                print(f"{label}: {new} tokens at {time.perf_counter() - self.t0:.2f} s", flush=True)
+            return torch.full((input_ids.shape[0],), bool(tokens) and new >= tokens, dtype=torch.bool,
+                              device=input_ids.device)
+
+    return StopAfter()
+
+
+def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: int,
+           options: HFOptions | None = None) -> dict[str, Any]:
     """The same workload through transformers `generate` (left-padded static batches, ignore_eos via
     min_new_tokens). Batches are formed after sorting by output length so padding waste is small;
     throughput counts only the requested output tokens."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, StoppingCriteriaList
 
     from governor.engine.models.checkpoint import model_digest
     from governor.engine.tokenizer import load_tokenizer
 
+    opts = options or HFOptions()
     tok = load_tokenizer(model)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    hf: Any = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    load_kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    if opts.attn_implementation is not None:
+        load_kwargs["attn_implementation"] = opts.attn_implementation
+    hf: Any = AutoModelForCausalLM.from_pretrained(model, **load_kwargs)
     hf = hf.to(device).eval()
     vocab = min(hf.config.vocab_size, len(tok))
     prompts, out_lens = workload.make(vocab)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     order = sorted(range(len(prompts)), key=lambda i: out_lens[i])
+    gen_kwargs: dict[str, Any] = {}
+    if opts.cache_implementation is not None:
+        gen_kwargs["cache_implementation"] = opts.cache_implementation
 
-    def run_batch(idx: list[int]) -> None:
+    def run_batch(idx: list[int], stop: Any = None) -> None:
         width = max(len(prompts[i]) for i in idx)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
@@ -115,19 +168,33 @@ def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: 
             ids[r, width - len(prompts[i]):] = torch.tensor(prompts[i])
             mask[r, width - len(prompts[i]):] = 1
         n = max(out_lens[i] for i in idx)
+        extra = dict(gen_kwargs)
+        if stop is not None:
+            extra["stopping_criteria"] = StoppingCriteriaList([stop])
         with torch.inference_mode():
             hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=n,
-                        min_new_tokens=n, do_sample=False, pad_token_id=pad)
+                        min_new_tokens=n, do_sample=False, pad_token_id=pad, **extra)
 
-    run_batch(order[:2])  # warm-up
+    batches = [order[b:b + batch_size] for b in range(0, len(order), batch_size)]
+    timed = batches if opts.max_batches is None else batches[:opts.max_batches]
+    t_warm = time.perf_counter()
+    if opts.warmup_tokens is None:
+        run_batch(order[:2])  # warm-up
+    else:
+        run_batch(batches[0], _stop_after(opts.warmup_tokens, None, "warm-up"))
     sync_device()
-    t0 = time.perf_counter()
-    for b in range(0, len(order), batch_size):
-        run_batch(order[b:b + batch_size])
-    sync_device()
-    elapsed = time.perf_counter() - t0
-    gen = sum(out_lens)
-    return {
+    warmup_s = time.perf_counter() - t_warm
+    graphs_before = _dynamo_unique_graphs()
+    batch_s = []
+    for k, idx in enumerate(timed):
+        t_b = time.perf_counter()
+        run_batch(idx, _stop_after(0, opts.progress_every, f"batch {k}") if opts.progress_every else None)
+        sync_device()
+        batch_s.append(time.perf_counter() - t_b)
+    elapsed = sum(batch_s)
+    gen = sum(out_lens[i] for idx in timed for i in idx)
+    prompt_tokens = sum(len(prompts[i]) for idx in timed for i in idx)
+    result: dict[str, Any] = {
         "backend": "hf-transformers-generate",
         "transformers": __import__("transformers").__version__,
         "model_digest": model_digest(model),
@@ -135,11 +202,34 @@ def run_hf(model: str, workload: Workload, dtype: str, device: str, batch_size: 
         "dtype": dtype,
         "batch_size": batch_size,
         "elapsed_s": elapsed,
-        "prompt_tokens": sum(len(p) for p in prompts),
+        "prompt_tokens": prompt_tokens,
         "generated_tokens": gen,
         "output_tokens_per_s": gen / elapsed,
-        "total_tokens_per_s": (gen + sum(len(p) for p in prompts)) / elapsed,
+        "total_tokens_per_s": (gen + prompt_tokens) / elapsed,
     }
+    if options is not None:  # the plain run's result keeps its original keys
+        result.update({
+            "options": vars(opts),
+            "attn_implementation": getattr(hf.config, "_attn_implementation", None),
+            "warmup_s": warmup_s,
+            "batch_s": batch_s,
+            "batches_timed": len(timed),
+            "batches_total": len(batches),
+            "extrapolated": len(timed) < len(batches),
+            "workload_generated_tokens": sum(out_lens),
+            "elapsed_s_extrapolated_to_workload": elapsed * sum(out_lens) / gen,
+            "dynamo_graphs_compiled_during_timing": _dynamo_unique_graphs() - graphs_before,
+        })
+    return result
+
+
+def _dynamo_unique_graphs() -> int:
+    """Graphs torch.compile has compiled so far in this process (0 if dynamo was never used)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["stats"]["unique_graphs"])
 
 
 def sync_device() -> None:
@@ -149,7 +239,8 @@ def sync_device() -> None:
 
 
 def bench_throughput(model: str, workload: Workload, backend: str, engine_args: dict[str, Any],
-                     hf_batch_size: int, output_json: str | None) -> dict[str, Any]:
+                     hf_batch_size: int, output_json: str | None, hf_options: HFOptions | None = None
+                     ) -> dict[str, Any]:
     if backend == "governor":
         result = run_engine(model, workload, engine_args)
     elif backend == "hf":
@@ -158,7 +249,7 @@ def bench_throughput(model: str, workload: Workload, backend: str, engine_args: 
         dtype = engine_args.get("dtype", "auto")
         if dtype == "auto":
             dtype = "bfloat16" if device == "cuda" else "float32"
-        result = run_hf(model, workload, dtype, device, hf_batch_size)
+        result = run_hf(model, workload, dtype, device, hf_batch_size, hf_options)
     else:
         raise ValueError(f"backend must be 'governor' or 'hf', got {backend!r}")
     envelope = {

@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--backend", default="governor", choices=("governor", "hf"),
                     help="hf runs the same workload through transformers generate")
     tp.add_argument("--hf-batch-size", type=int, default=64)
+    tp.add_argument("--hf-cache-implementation", default=None, help="hf: generate's cache_implementation, e.g. static")
+    tp.add_argument("--hf-attn-implementation", default=None, help="hf: from_pretrained's attn_implementation")
+    tp.add_argument("--hf-max-batches", type=int, default=None,
+                    help="hf: time only the first N batches and report their rate (marked extrapolated)")
+    tp.add_argument("--hf-warmup-tokens", type=int, default=None,
+                    help="hf: warm up on a whole first batch, stopped after N new tokens (default: 2 prompts)")
+    tp.add_argument("--hf-progress-every", type=int, default=None, help="hf: log time every N generated tokens")
     tp.add_argument("--output-json", default=None)
     _add_engine_args(tp)
 
@@ -123,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--work-dir", default="/tmp/governor-bench-spec", help="where perturbed drafts are written")
     sp.add_argument("--output-json", default=None)
     _add_engine_args(sp)
+
+    at = bsub.add_parser("attention", help="the paged decode attention kernel alone: KV bandwidth vs HBM copy")
+    at.add_argument("--batches", default="32", help="comma-separated")
+    at.add_argument("--contexts", default="4096,32768", help="comma-separated tokens per sequence")
+    at.add_argument("--heads", default="32:8", help="comma-separated Q:KV head counts")
+    at.add_argument("--head-dim", type=int, default=128)
+    at.add_argument("--kv-dtypes", default="bf16,fp8", help="comma-separated: bf16, fp16, fp32, fp8")
+    at.add_argument("--q-dtype", default="bf16", help="q and output dtype: bf16, fp16, fp32")
+    at.add_argument("--block-size", type=int, default=16)
+    at.add_argument("--splits", default="auto", help="comma-separated split-KV counts; auto = the kernel's choice")
+    at.add_argument("--tables", default="random", help="comma-separated block tables: random, contiguous")
+    at.add_argument("--warmup", type=int, default=10)
+    at.add_argument("--iters", type=int, default=50)
+    at.add_argument("--device", default="auto")
+    at.add_argument("--output-json", default=None)
     return parser
 
 
@@ -166,16 +188,22 @@ def _run(args: argparse.Namespace) -> int:
                               "token_ids": o.outputs[0].token_ids, "finish_reason": o.outputs[0].finish_reason}))
         return 0
     if args.command == "bench" and args.bench == "throughput":
-        from governor.engine.bench_throughput import Workload, bench_throughput
+        from governor.engine.bench_throughput import HFOptions, Workload, bench_throughput
         from governor.loadgen.workload import parse_range
 
         workload = Workload(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
                             args.workload_seed)
+        hf_flags = (args.hf_cache_implementation, args.hf_attn_implementation, args.hf_max_batches,
+                    args.hf_warmup_tokens, args.hf_progress_every)
+        hf_options = HFOptions(*hf_flags) if any(f is not None for f in hf_flags) else None
         env = bench_throughput(args.model, workload, args.backend, _engine_args(args), args.hf_batch_size,
-                               args.output_json)
+                               args.output_json, hf_options)
         r = env["result"]
         print(f"{r['backend']}: {r['generated_tokens']} output tokens in {r['elapsed_s']:.2f} s = "
               f"{r['output_tokens_per_s']:.1f} output tok/s ({r['total_tokens_per_s']:.1f} total tok/s)")
+        if r.get("extrapolated"):
+            print(f"  timed {r['batches_timed']} of {r['batches_total']} batches; the whole workload at this rate: "
+                  f"{r['elapsed_s_extrapolated_to_workload']:.1f} s (extrapolated, not run)")
         if args.output_json:
             print(f"envelope written to {args.output_json}")
         return 0
@@ -239,6 +267,27 @@ def _run(args: argparse.Namespace) -> int:
             print(f"fp8 vs model dtype over {a['positions']} positions: top-1 {a['top1_agreement']:.4f}, "
                   f"mean KL {a['mean_kl']:.3g}")
         bench_cache.write_envelope(f"bench-{args.bench}", args.model, result, args.output_json)
+        return 0
+    if args.command == "bench" and args.bench == "attention":
+        from governor.engine import bench_attention as ba
+
+        cases = ba.parse_cases(args.batches, args.contexts, args.heads, args.head_dim, args.kv_dtypes,
+                               args.block_size, args.splits, args.tables)
+        if args.q_dtype not in ba.KV_DTYPES or args.q_dtype == "fp8":
+            raise ValueError(f"--q-dtype must be bf16, fp16 or fp32, got {args.q_dtype!r}")
+
+        def show(partial: dict[str, Any]) -> None:
+            r = partial["rows"][-1]
+            frac = f", {100 * r['fraction_of_hbm']:.0f}% of HBM copy" if "fraction_of_hbm" in r else ""
+            print(f"batch {r['batch']} ctx {r['context']} {r['num_q_heads']}:{r['num_kv_heads']}x{r['head_dim']} "
+                  f"{r['kv_dtype']} block {r['block_size']} {r['table']} splits {r['num_splits'] or 'auto'}"
+                  f"={r['num_splits_run']}: {r['us_p50']:.1f} us p50, {r['kv_gb_per_s']:.0f} GB/s{frac}", flush=True)
+            ba.write_envelope(partial, args.output_json)
+
+        result = ba.bench_attention(cases, ba.KV_DTYPES[args.q_dtype], args.device, args.warmup, args.iters, show)
+        if result["info"]["hbm_copy_gb_per_s"]:
+            print(f"HBM copy: {result['info']['hbm_copy_gb_per_s']:.0f} GB/s")
+        ba.write_envelope(result, args.output_json)
         return 0
     return 2
 

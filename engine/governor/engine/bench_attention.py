@@ -1,0 +1,205 @@
+"""`governor bench attention`: the paged decode attention kernel alone, its achieved bandwidth against HBM.
+
+Each case is one `paged_decode_attention` call (the decode kernel, plus the split-KV reduce kernel when
+the context is split) on a batch of sequences that all hold `context` tokens in a paged cache of
+`block_size`-token blocks. The achieved bandwidth is the K/V bytes the call must read over its time:
+
+    kv_bytes = 2 (K and V) * batch * context * num_kv_heads * head_dim * bytes per cache element
+               (+ 2 * num_kv_heads * 4 for an fp8 cache's per-head float32 scales)
+
+Not counted (each is recorded as `other_bytes`): q and the output, the block table (4 bytes per block)
+and the split-KV partials (float32 acc, m, l written by the decode kernel and read by the reduce).
+The fraction is `kv_gb_per_s` over the HBM bandwidth of a 1 GiB device-to-device copy measured in the
+same process (`bench_latency.hbm_bandwidth_gb_per_s`, read and write counted).
+
+Timing on CUDA: warm-up calls first (Triton compilation, allocator), then `iters` calls, each preceded by
+a write of a 256 MiB buffer that evicts L2 (so K/V come from HBM), each between its own CUDA events;
+the median is reported (mean too). Off CUDA (tests, TRITON_INTERPRET=1) the same flow is timed by the
+wall clock; those numbers mean nothing.
+
+The block table is a random permutation of the cache's blocks by default (an engine's table after
+churn); `table="contiguous"` lays each sequence's blocks out in order, which isolates the cost of the
+scattered gather.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+KV_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    batch: int
+    context: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str = "bf16"  # a KV_DTYPES key
+    block_size: int = 16
+    num_splits: int | None = None  # None: the kernel's automatic choice (as the engine calls it)
+    table: str = "random"  # "random" or "contiguous"
+
+
+def kv_bytes(case: AttentionCase) -> int:
+    """Bytes of K and V the call must read (module docstring's formula)."""
+    dtype = KV_DTYPES[case.kv_dtype]
+    n = 2 * case.batch * case.context * case.num_kv_heads * case.head_dim * dtype.itemsize
+    if dtype == torch.float8_e4m3fn:
+        n += 2 * case.num_kv_heads * 4
+    return n
+
+
+def _other_bytes(case: AttentionCase, q_dtype: torch.dtype, num_splits: int) -> int:
+    q_out = 2 * case.batch * case.num_q_heads * case.head_dim * q_dtype.itemsize
+    table = case.batch * -(-case.context // case.block_size) * 4
+    partials = 0 if num_splits <= 1 else 2 * case.batch * case.num_q_heads * num_splits * (case.head_dim + 2) * 4
+    return q_out + table + partials
+
+
+def _inputs(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, seed: int) -> dict[str, Any]:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    kv_dtype = KV_DTYPES[case.kv_dtype]
+    blocks_per_seq = -(-case.context // case.block_size)
+    num_blocks = case.batch * blocks_per_seq
+    shape = (num_blocks, case.block_size, case.num_kv_heads, case.head_dim)
+    # randn then cast: fp8 has no randn, and N(0, 1) fits e4m3 with scale 1.
+    k_cache = torch.randn(shape, generator=gen, device=device).to(kv_dtype)
+    v_cache = torch.randn(shape, generator=gen, device=device).to(kv_dtype)
+    fp8 = kv_dtype == torch.float8_e4m3fn
+    if case.table == "random":
+        order = torch.randperm(num_blocks, generator=gen, device=device)
+    elif case.table == "contiguous":
+        order = torch.arange(num_blocks, device=device)
+    else:
+        raise ValueError(f"table must be 'random' or 'contiguous', got {case.table!r}")
+    return {
+        "q": torch.randn(case.batch, case.num_q_heads, case.head_dim, generator=gen, device=device).to(q_dtype),
+        "k_cache": k_cache, "v_cache": v_cache,
+        "block_tables": order.to(torch.int32).view(case.batch, blocks_per_seq),
+        "seq_lens": torch.full((case.batch,), case.context, dtype=torch.int32, device=device),
+        "k_scale": torch.ones(case.num_kv_heads, device=device) if fp8 else None,
+        "v_scale": torch.ones(case.num_kv_heads, device=device) if fp8 else None,
+    }
+
+
+def effective_num_splits(case: AttentionCase, device: torch.device) -> int:
+    """The split count `paged_decode_attention` runs for this case (its automatic choice, rounded to tiles)."""
+    from governor.kernels import paged_attention as pa
+
+    bound = -(-case.context // case.block_size) * case.block_size  # block-table capacity, as the kernel sizes it
+    wanted = case.num_splits or pa._choose_num_splits(case.batch * case.num_kv_heads, bound, device)
+    partition = pa._round_up(-(-bound // wanted), pa._TILE_N)
+    return -(-bound // partition)
+
+
+def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:
+    """Milliseconds of each of `iters` calls of `fn` after `warmup` calls (CUDA: events, L2 flushed first)."""
+    for _ in range(warmup):
+        fn()
+    if device.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return times
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    torch.cuda.synchronize(device)
+    for start, end in events:
+        flush.zero_()  # evicts L2 (50 MiB on an H100/H200); not inside the events
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) for s, e in events]
+
+
+def bench_case(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, warmup: int, iters: int,
+               hbm_gb_per_s: float | None, seed: int = 0) -> dict[str, Any]:
+    from governor.kernels.paged_attention import paged_decode_attention
+
+    x = _inputs(case, q_dtype, device, seed)
+    out = torch.empty_like(x["q"])
+    scale = 1 / math.sqrt(case.head_dim)
+
+    def call() -> None:
+        paged_decode_attention(x["q"], x["k_cache"], x["v_cache"], x["block_tables"], x["seq_lens"], scale, out,
+                               num_splits=case.num_splits, k_scale=x["k_scale"], v_scale=x["v_scale"])
+
+    times = sorted(time_call(call, device, warmup, iters))
+    ms = times[len(times) // 2]
+    splits = effective_num_splits(case, device)
+    nbytes = kv_bytes(case)
+    row: dict[str, Any] = {**asdict(case), "q_dtype": str(q_dtype).removeprefix("torch."),
+                           "num_splits_run": splits, "kv_bytes": nbytes,
+                           "other_bytes": _other_bytes(case, q_dtype, splits), "iters": iters, "warmup": warmup,
+                           "us_p50": 1e3 * ms, "us_mean": 1e3 * statistics.fmean(times),
+                           "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
+                           "kv_gb_per_s": nbytes / (ms * 1e-3) / 1e9}
+    if hbm_gb_per_s:
+        row["fraction_of_hbm"] = row["kv_gb_per_s"] / hbm_gb_per_s
+    return row
+
+
+def bench_attention(cases: list[AttentionCase], q_dtype: torch.dtype = torch.bfloat16, device: str = "auto",
+                    warmup: int = 10, iters: int = 50, on_row: Any = None) -> dict[str, Any]:
+    """Time every case; `on_row(rows_so_far)` after each, so a long sweep leaves partial results."""
+    from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
+
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    hbm = hbm_bandwidth_gb_per_s() if dev.type == "cuda" else None
+    timing = "cuda events per call, L2 flushed before each, median" if dev.type == "cuda" else "wall clock (no use)"
+    info: dict[str, Any] = {"device": str(dev), "hbm_copy_gb_per_s": hbm,
+                            "q_dtype": str(q_dtype).removeprefix("torch."), "timing": timing}
+    if dev.type == "cuda":
+        info["sm_count"] = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        rows.append(bench_case(case, q_dtype, dev, warmup, iters, hbm))
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the case's caches (GBs at long contexts) go back before the next
+        if on_row is not None:
+            on_row({"rows": rows, "info": info})
+    return {"rows": rows, "info": info}
+
+
+def parse_cases(batches: str, contexts: str, heads: str, head_dim: int, kv_dtypes: str, block_size: int,
+                splits: str, tables: str) -> list[AttentionCase]:
+    """The cross product of comma-separated lists; heads as Q:KV pairs ("32:8,16:8"), splits "auto" or ints."""
+    cases = []
+    for hq_hkv in heads.split(","):
+        hq, hkv = (int(v) for v in hq_hkv.split(":"))
+        for kvd in kv_dtypes.split(","):
+            if kvd not in KV_DTYPES:
+                raise ValueError(f"unknown KV dtype {kvd!r}; one of {sorted(KV_DTYPES)}")
+            for ctx in (int(c) for c in contexts.split(",")):
+                for b in (int(v) for v in batches.split(",")):
+                    for table in tables.split(","):
+                        for s in splits.split(","):
+                            cases.append(AttentionCase(b, ctx, hq, hkv, head_dim, kvd, block_size,
+                                                       None if s == "auto" else int(s), table))
+    return cases
+
+
+def write_envelope(result: dict[str, Any], output_json: str | None) -> dict[str, Any]:
+    """The result with the time and the hardware/software envelope; written to `output_json` if given."""
+    from governor.engine.bench_throughput import hardware
+
+    env = {"benchmark": "bench-attention", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "hardware": hardware(), "kv_bytes_formula": "2 * batch * context * num_kv_heads * head_dim * itemsize"
+           " (+ 2 * num_kv_heads * 4 fp8 scales)", "result": result}
+    if output_json:
+        Path(output_json).write_text(json.dumps(env, indent=2, default=str) + "\n")
+    return env
