@@ -30,6 +30,9 @@ fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay
 - The kernels never materialize dequantized K/V: e4m3 values are exact in bf16/fp16/fp32, so a tile
   is converted to q's dtype losslessly, `k_scale[head]` folds into the softmax scale and
   `v_scale[head]` multiplies the accumulated output once per program.
+- Decode with bf16 q multiplies in fp16 instead (q moved into fp16's range by an exact power of two,
+  `_fp16_range`): e4m3 -> fp16 is one conversion per two values, e4m3 -> bf16 three per two, and
+  on an H100 those conversions, not HBM, bounded the bf16-q kernel (issue #9).
 """
 
 from __future__ import annotations
@@ -51,6 +54,13 @@ _FP8_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # q/out dtypes o
 
 # Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
 _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
+# Decode over an fp8 cache: a tile of half the bytes, so long partitions take twice the keys a step (a
+# multiple of _TILE_N: partitions are _TILE_N-aligned). On an H100 (docs/benchmarks.md, issue 9) 128 keys
+# read partitions of 4,096 tokens and more 20-37% faster than 64; on 1,408-token ones two runs disagreed
+# (20% slower, then 13% faster), so shorter partitions keep 64 until measured again.
+_DECODE_TILE_N_FP8 = 64
+_DECODE_TILE_N_FP8_LONG = 128
+_FP8_LONG_PARTITION = 4096  # tokens; partitions at least this long get _DECODE_TILE_N_FP8_LONG
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
@@ -431,6 +441,21 @@ def _attend_range(
 
 
 @triton.jit
+def _fp16_range(q):
+    # (q * 2^k in fp16, 2^-k) with k chosen from q's largest |value| so that it lands in [128, 256):
+    # bf16 values then fit fp16 exactly (8 significant bits of fp16's 11) unless 2^21 times smaller
+    # than that largest value, where they no longer move a dot product. Powers of two are built from
+    # exponent bits so both factors are exact; the caller folds 2^-k into the softmax scale.
+    q32 = q.to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(q32), axis=1), axis=0)
+    exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased: amax in [2^(e-127), 2^(e-126))
+    exponent = tl.minimum(tl.maximum(exponent, 8), 254)  # keeps both factors normal; all-zero q: any k
+    up = ((261 - exponent) << 23).to(tl.float32, bitcast=True)  # 2^(134 - e)
+    down = ((exponent - 7) << 23).to(tl.float32, bitcast=True)  # 2^(e - 134)
+    return (q32 * up).to(tl.float16), down
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -465,6 +490,7 @@ def _decode_kernel(
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr,
+    FP16_PRODUCTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
@@ -499,6 +525,10 @@ def _decode_kernel(
     if KV_FP8:
         # Dequantization by linearity: q.(k8 * ks) = (q.k8) * ks, and P.(v8 * vs) = (P.v8) * vs.
         qk_scale = qk_scale * tl.load(k_scale_ptr + kv_head)
+        if FP16_PRODUCTS:
+            # bf16 q over fp8 K/V: tiles widen to fp16 (module docstring), so q goes there too.
+            q, q_down = _fp16_range(q)
+            qk_scale = qk_scale * q_down
     m_i, l_i, acc = _attend_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, kv_begin, kv_end, g, kv_head, qk_scale,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -599,7 +629,7 @@ def paged_decode_attention(
         num_splits = _choose_num_splits(batch * num_kv_heads, context_bound, q.device)
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
-    # Partitions are whole tiles so that no tile straddles two partitions.
+    # Partitions are whole _TILE_N tiles (a longer fp8 tile may run past a partition's end: masked).
     partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
     num_splits = -(-context_bound // partition_size)
     split = num_splits > 1
@@ -614,6 +644,9 @@ def paged_decode_attention(
         part_acc = part_m = part_l = out
 
     fp8 = k_cache.dtype == FP8_KV_DTYPE
+    tile_n = _TILE_N
+    if fp8:
+        tile_n = _DECODE_TILE_N_FP8_LONG if partition_size >= _FP8_LONG_PARTITION else _DECODE_TILE_N_FP8
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
         k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
@@ -624,10 +657,11 @@ def paged_decode_attention(
         GROUP=group,
         GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
-        TILE_N=_TILE_N,
+        TILE_N=tile_n,
         HEAD_DIM=head_dim,
         SPLIT=split,
         KV_FP8=fp8,
+        FP16_PRODUCTS=fp8 and q.dtype == torch.bfloat16,
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=_INTERPRET,
     )  # fmt: skip
