@@ -37,8 +37,6 @@ fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -586,6 +584,19 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
+def decode_partitions(programs: int, context_bound: int, device: torch.device,
+                      num_splits: int | None = None) -> tuple[int, int]:
+    """(splits, partition size in tokens) the decode kernel runs for `programs` (sequence, KV head) pairs over
+    contexts of at most `context_bound` tokens: `num_splits` (default: the automatic choice) rounded so that each
+    partition is whole _TILE_N tiles (a longer fp8 tile may run past a partition's end: masked)."""
+    if num_splits is None:
+        num_splits = _choose_num_splits(programs, context_bound, device)
+    if num_splits < 1:
+        raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
+    partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
+    return -(-context_bound // partition_size), partition_size
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -625,13 +636,7 @@ def paged_decode_attention(
     block_size = k_cache.shape[1]
     context_bound = block_tables.shape[1] * block_size if max_seq_len is None else max_seq_len
     context_bound = max(context_bound, 1)
-    if num_splits is None:
-        num_splits = _choose_num_splits(batch * num_kv_heads, context_bound, q.device)
-    if num_splits < 1:
-        raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
-    # Partitions are whole _TILE_N tiles (a longer fp8 tile may run past a partition's end: masked).
-    partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
-    num_splits = -(-context_bound // partition_size)
+    num_splits, partition_size = decode_partitions(batch * num_kv_heads, context_bound, q.device, num_splits)
     split = num_splits > 1
 
     if split:
@@ -955,46 +960,3 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
-
-
-def bench_decode_attention(
-    batch: int,
-    context: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype = torch.bfloat16,
-    block_size: int = 16,
-    num_splits: int | None = None,
-    kv_dtype: torch.dtype | None = None,
-) -> dict[str, float]:
-    """Time `paged_decode_attention` on the GPU; returns microseconds and achieved KV bandwidth.
-
-    `dtype` is q's; `kv_dtype` the cache's (default `dtype`; FP8_KV_DTYPE measures the fp8 cache,
-    whose bytes read are 1 per element plus the per-head scales).
-    """
-    device = torch.device("cuda")
-    kv_dtype = dtype if kv_dtype is None else kv_dtype
-    blocks_per_seq = -(-context // block_size)
-    num_blocks = batch * blocks_per_seq
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    # randn then cast: fp8 has no randn, and N(0, 1) fits e4m3 with scale 1.
-    k_cache = torch.randn(shape, dtype=torch.float32, device=device).to(kv_dtype)
-    v_cache = torch.randn(shape, dtype=torch.float32, device=device).to(kv_dtype)
-    fp8 = kv_dtype == FP8_KV_DTYPE
-    k_scale = torch.ones(num_kv_heads, device=device) if fp8 else None
-    v_scale = torch.ones(num_kv_heads, device=device) if fp8 else None
-    block_tables = torch.randperm(num_blocks, device=device).to(torch.int32).view(batch, blocks_per_seq)
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    q = torch.randn(batch, num_q_heads, head_dim, dtype=dtype, device=device)
-    out = torch.empty_like(q)
-    ms = triton.testing.do_bench(
-        lambda: paged_decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, 1 / math.sqrt(head_dim), out,
-            num_splits=num_splits, k_scale=k_scale, v_scale=v_scale,
-        )
-    )  # fmt: skip
-    kv_bytes = 2 * batch * context * num_kv_heads * head_dim * k_cache.element_size()
-    if k_scale is not None and v_scale is not None:
-        kv_bytes += k_scale.nbytes + v_scale.nbytes  # distinct bytes; re-reads hit in cache
-    return {"us": ms * 1e3, "kv_gb_per_s": kv_bytes / (ms * 1e-3) / 1e9}
