@@ -92,7 +92,6 @@ class Outcome:
 
     status: dict[str, Any]
     events: list[tuple[str, str, str]] = field(default_factory=list)
-    writes: list[str] = field(default_factory=list)  # "created Deployment/x", "updated Service/y"
     consumed_action: bool = False  # a rollout-action annotation was read: the caller removes it
 
 
@@ -367,11 +366,10 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
     rollout = last
     transitions: list[Transition] = []
 
-    def apply_all(replicas: int | None = None) -> list[dict[str, Any]]:
+    def apply_all(replicas: int | None = None) -> None:
         desired_children = render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor,
                                   replicas=replicas)
         writes.extend(w for obj in desired_children if (w := apply_child(obj)))
-        return desired_children
 
     traffic = HTTP_ROUTE if spec.rollout.http_route else REPLICAS
     route, route_problem = read_route(namespace, spec.rollout.http_route, name) if spec.rollout.http_route \
@@ -515,7 +513,7 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         new_status["rollout"] = rollout.to_status()
     if route_status is not None or status.get("trafficRouting") is not None:
         new_status["trafficRouting"] = route_status
-    return Outcome(new_status, events, writes, consumed_action=consumed)
+    return Outcome(new_status, events, consumed_action=consumed)
 
 
 def _divergence(desired: str, stable: str, rollout: Rollout) -> str:
