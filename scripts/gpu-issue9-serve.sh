@@ -7,7 +7,8 @@
 # 3.12 -d .whl <name>==<version as in .venv>`).
 # One `governor serve` of the llama3-8b shape (random bf16 weights drawn on the GPU, CUDA graphs on, every
 # other setting default), then `governor bench serve` at max concurrency 1, 16, 64 and 256 (closed loop:
-# requests sent back to back up to that many in flight), 512-word prompts, 128 output tokens, ignore_eos.
+# requests sent back to back up to that many in flight), 512-word prompts, 128 output tokens, ignore_eos,
+# return_token_ids (so the client times every token: most of a random model's ids decode to no text).
 # DRY=1 runs the same flow on CPU with the tiny preset (to check the script, not to measure).
 set -uo pipefail
 if [ "${DRY:-0}" = 1 ]; then
@@ -36,19 +37,24 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 grep -E "CUDA graphs|KV cache" "$OUT/server.log" | tail -3
-# The engine's own latency histograms over one level (TTFT to the first token, ITL between tokens): the
-# client sees only chunks that carry text, and a random-weight model's tokens are often partial UTF-8.
+# The engine's own latency histograms over one level (TTFT to the first token, ITL between tokens), to set
+# beside the client's (which adds HTTP, SSE and the client's own time).
 engine_side() {  # engine_side LABEL COMMAND...: run COMMAND, then print the engine's p50/p95 over it
   local label=$1; shift
   python3 - "$PORT" "$label" "$@" <<'PY'
 import json, subprocess, sys
-from governor.tuner.scrape import EngineScraper
+from governor import contract
+from governor.tuner.scrape import EngineScraper, buckets_of, histogram_quantile
 port, label, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
 scraper = EngineScraper([f"http://127.0.0.1:{port}"], scrape_interval_s=10.0)
 before = scraper.scrape()
 subprocess.run(cmd, check=False)
-s = scraper.signals(before, scraper.scrape())
-print(json.dumps({"level": label, "engine_ttft_p95_ms": s.ttft_p95_s and s.ttft_p95_s * 1e3,
+after = scraper.scrape()
+s = scraper.signals(before, after)
+ttft = [buckets_of(snap.engines[0].metrics or {}, contract.TTFT_SECONDS) for snap in (before, after)]
+ttft_p50 = histogram_quantile(0.5, *ttft)  # Signals carry TTFT p95 only
+print(json.dumps({"level": label, "engine_ttft_p50_ms": ttft_p50 and ttft_p50 * 1e3,
+                  "engine_ttft_p95_ms": s.ttft_p95_s and s.ttft_p95_s * 1e3,
                   "engine_itl_p50_ms": s.itl_p50_s and s.itl_p50_s * 1e3,
                   "engine_itl_p95_ms": s.itl_p95_s and s.itl_p95_s * 1e3,
                   "engine_e2e_p95_ms": s.e2e_p95_s and s.e2e_p95_s * 1e3}))
@@ -60,8 +66,8 @@ sweep() {
     c=${LEVELS[$i]}
     engine_side "c$c" timeout 150 python3 -m governor.cli bench serve --base-url "http://127.0.0.1:$PORT" \
       --model bench --max-concurrency "$c" --num-prompts "${PROMPTS[$i]}" --input-len "$IN" \
-      --output-len "$OUTLEN" --ignore-eos --seed 0 --duration 90 --output-json "$OUT/serve-c$c.json" 2>&1 \
-      | grep -vE '^\{"completed' | tail -26 | tee "$OUT/serve-c$c.txt"
+      --output-len "$OUTLEN" --ignore-eos --return-token-ids --seed 0 --duration 90 \
+      --output-json "$OUT/serve-c$c.json" 2>&1 | grep -vE '^\{"completed' | tail -27 | tee "$OUT/serve-c$c.txt"
   done
 }
 stage sweep sweep

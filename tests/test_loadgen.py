@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from governor.loadgen import SLO, BenchConfig, run
-from governor.loadgen.client import chunk_text, endpoint_url
+from governor.loadgen.client import chunk_text, chunk_token_ids, endpoint_url
 from governor.loadgen.report import percentile, summarize_ms
 from governor.loadgen.workload import WORDS, Workload, arrival_offsets, parse_range
 
@@ -44,6 +44,8 @@ class FakeBehaviour:
     slow_every: int = 0  # requests n with n % slow_every == 0 wait slow_extra longer before the first chunk
     slow_extra: float = 0.0
     prompt_tokens_per_word: int = 2  # the fake tokenizer, so reported input tokens differ from word counts
+    textless_tokens: int = 0  # the first tokens of each response decode to no text: no chunk of their own
+    token_ids: bool = True  # honour return_token_ids: a chunk per token, with its id (False: ignore the field)
 
 
 @dataclass
@@ -85,10 +87,16 @@ async def _respond(server: FakeServer, writer: asyncio.StreamWriter, path: str, 
     await writer.drain()
     await asyncio.sleep(b.first_delay + (b.slow_extra if b.slow_every and n % b.slow_every == 0 else 0.0))
     chunks = body["max_tokens"] if b.max_chunks is None else min(b.max_chunks, body["max_tokens"])
+    with_ids = b.token_ids and body.get("return_token_ids") is True
     for k in range(chunks):
         if k:
             await asyncio.sleep(b.gap)
-        choice = {"index": 0, "delta": {"content": f" t{k}"}} if chat else {"index": 0, "text": f" t{k}"}
+        text = "" if k < b.textless_tokens else f" t{k}"
+        if not text and not with_ids:
+            continue
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+        if with_ids:
+            choice["token_ids"] = [100 + k]
         writer.write(_sse({"choices": [choice]}))
         await writer.drain()
     if b.usage and body.get("stream_options", {}).get("include_usage"):
@@ -222,6 +230,9 @@ def test_endpoint_urls_and_chunk_text() -> None:
     assert chunk_text({"choices": [{"text": "ab"}]}) == "ab"
     assert chunk_text({"choices": [{"delta": {"role": "assistant"}}]}) == ""
     assert chunk_text({"choices": [], "usage": {"completion_tokens": 3}}) == ""
+    assert chunk_token_ids({"choices": [{"text": "", "token_ids": [7, 8]}]}) == [7, 8]
+    assert chunk_token_ids({"choices": [{"delta": {"role": "assistant"}, "token_ids": []}]}) == []
+    assert chunk_token_ids({"choices": [{"text": "ab"}]}) is None
 
 
 def test_config_rejects_bad_values_naming_each_problem() -> None:
@@ -272,6 +283,33 @@ def test_without_usage_output_tokens_are_counted_from_text_chunks(fake_server: A
     assert result.completed == 4 and result.usage_reported == 0
     assert all(r.prompt_tokens is None and r.output_tokens == 3 for r in result.records)
     assert result.total_input_tokens == sum(r.prompt_words for r in result.records)  # the word-count estimate
+
+
+def test_token_ids_time_ttft_and_itl_at_every_token_even_without_text(fake_server: Any) -> None:
+    # 3 of 6 tokens carry no text; each token follows the previous one by >= 20 ms.
+    server = fake_server(FakeBehaviour(first_delay=0.03, gap=0.02, textless_tokens=3))
+    result = run(config(server, num_prompts=3, output_len=(6, 6), return_token_ids=True))
+    assert server.bodies[0]["return_token_ids"] is True
+    assert (result.completed, result.timing, result.total_output_tokens) == (3, "token_ids", 18)
+    for r in result.records:
+        assert r.ttft is not None and r.ttft >= 0.03 and len(r.itl) == 5 and r.token_ids_received == 6
+        assert sum(r.itl[:3]) >= 0.06  # the first text came >= 3 gaps after the first token: TTFT did not wait
+    by_text = run(config(server, num_prompts=3, output_len=(6, 6)))
+    assert "return_token_ids" not in server.bodies[-1] and by_text.timing == "text_chunks"
+    assert all(r.ttft is not None and r.ttft >= 0.03 + 3 * 0.02 and len(r.itl) == 2 for r in by_text.records)
+
+
+def test_without_usage_output_tokens_are_counted_from_token_ids(fake_server: Any) -> None:
+    server = fake_server(FakeBehaviour(usage=False, textless_tokens=2))
+    result = run(config(server, num_prompts=2, endpoint="chat", output_len=(5, 5), return_token_ids=True))
+    assert result.usage_reported == 0 and result.total_output_tokens == 10  # 3 text chunks each: ids count all 5
+
+
+def test_a_server_that_ignores_return_token_ids_is_timed_by_text(fake_server: Any) -> None:
+    server = fake_server(FakeBehaviour(token_ids=False, textless_tokens=1))
+    result = run(config(server, num_prompts=2, output_len=(4, 4), return_token_ids=True))
+    assert server.bodies[0]["return_token_ids"] is True
+    assert result.timing == "text_chunks" and all(len(r.itl) == 2 for r in result.records)
 
 
 def test_429_and_500_are_failures_counted_by_status(fake_server: Any) -> None:
@@ -362,6 +400,18 @@ def test_cli_writes_the_envelope_without_importing_torch(fake_server: Any, tmp_p
     assert {"ttft_ms", "itl_ms", "e2e_ms", "goodput", "request_throughput", "output_token_throughput",
             "total_token_throughput", "duration_s"} <= results.keys()
     assert len(env["requests"]) == 6 and {"ttft", "itl", "e2e", "status", "error_kind"} <= env["requests"][0].keys()
+
+
+def test_cli_return_token_ids_sends_the_field_and_reports_token_timing(
+        fake_server: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from governor.loadgen.cli import main
+
+    server = fake_server(FakeBehaviour(first_delay=0.0, gap=0.0, textless_tokens=1))
+    assert main(["--base-url", server.url, "--model", "m", "--num-prompts", "2", "--input-len", "3",
+                 "--output-len", "4", "--return-token-ids"]) == 0
+    out = capsys.readouterr().out
+    assert all(b["return_token_ids"] is True for b in server.bodies)
+    assert "TTFT/ITL timed at" in out and json.loads(out.strip().splitlines()[-1])["timing"] == "token_ids"
 
 
 def test_cli_exits_1_when_nothing_completes_and_2_on_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

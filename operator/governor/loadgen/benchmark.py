@@ -40,6 +40,7 @@ class BenchConfig:
     api_key: str | None = None
     timeout_s: float = 300.0  # per request, from send to [DONE]
     ignore_eos: bool = True
+    return_token_ids: bool = False  # vLLM's extension: time chunks carrying token ids, not only text
 
     def __post_init__(self) -> None:
         problems = []
@@ -97,7 +98,8 @@ async def run_benchmark(config: BenchConfig) -> BenchResult:
                 peak = max(peak, in_flight)
                 try:
                     record = RequestRecord(spec.index, spec.prompt_words, spec.max_tokens, scheduled - t0)
-                    body = request_body(spec, config.model, config.endpoint, config.ignore_eos)
+                    body = request_body(spec, config.model, config.endpoint, config.ignore_eos,
+                                        config.return_token_ids)
                     return await send_request(client, url, body, headers, record, t0, config.timeout_s)
                 finally:
                     in_flight -= 1

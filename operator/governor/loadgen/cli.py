@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request, send to [DONE] (default: 300)")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="ask the server to generate exactly max_tokens (vLLM's ignore_eos; default: on)")
+    p.add_argument("--return-token-ids", action="store_true",
+                   help="send vLLM's return_token_ids and time TTFT/ITL at chunks carrying token ids, so tokens "
+                        "with no text of their own (partial UTF-8, ids outside the tokenizer) are timed too; the "
+                        "server must support it (Governor and recent vLLM do; default: off, chunks carrying text)")
     p.add_argument("--output-json", default=None, help="write the JSON envelope (args, client, server, results) here")
     p.add_argument("--save-requests", action="store_true",
                    help="include per-request records under \"requests\" in --output-json")
@@ -58,7 +62,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         input_len=parse_range(args.input_len), output_len=parse_range(args.output_len),
         shared_prefix_len=args.shared_prefix_len, seed=args.seed,
         slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, e2e_ms=args.slo_e2e_ms),
-        api_key=args.api_key, timeout_s=args.timeout, ignore_eos=args.ignore_eos)
+        api_key=args.api_key, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
+        return_token_ids=args.return_token_ids)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
           f"{config.max_concurrency or 'unlimited'})", file=sys.stderr)
     result = asyncio.run(run_benchmark(config))
     print(format_table(result))
+    if config.return_token_ids and result.completed and result.timing != "token_ids":
+        print("governor bench serve: warning: the server sent no token_ids (it ignores return_token_ids); "
+              "TTFT and ITL time chunks carrying text", file=sys.stderr)
     print(json.dumps(result.to_dict()))
     if args.output_json:
         recorded = dict(vars(args), api_key="<redacted>" if args.api_key else None)

@@ -32,11 +32,13 @@ class RequestRecord:
     max_tokens: int
     scheduled_s: float  # when the arrival process released it
     start_s: float | None = None  # when it was sent (later than scheduled_s if it waited for a concurrency slot)
-    ttft: float | None = None  # send → first chunk carrying text
-    itl: list[float] = field(default_factory=list)  # gaps between successive chunks carrying text
+    ttft: float | None = None  # send → first chunk carrying text or token ids
+    itl: list[float] = field(default_factory=list)  # gaps between successive chunks carrying text or token ids
     e2e: float | None = None  # send → [DONE]
     prompt_tokens: int | None = None  # the server's count from `usage`; None when the server sent no usage
-    output_tokens: int = 0  # `usage.completion_tokens`, else the number of chunks carrying text
+    # `usage.completion_tokens`, else `token_ids_received`, else the number of chunks carrying text
+    output_tokens: int = 0
+    token_ids_received: int | None = None  # ids over the chunks' `token_ids`; None when no chunk had the field
     usage_reported: bool = False
     status: int | None = None
     # "http_<status>", "timeout", "incomplete_stream", "stream_error", or the exception's class name
@@ -58,7 +60,8 @@ def endpoint_url(base_url: str, endpoint: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1") + ENDPOINTS[endpoint]
 
 
-def request_body(spec: RequestSpec, model: str, endpoint: str, ignore_eos: bool) -> dict[str, Any]:
+def request_body(spec: RequestSpec, model: str, endpoint: str, ignore_eos: bool,
+                 return_token_ids: bool = False) -> dict[str, Any]:
     """The JSON body: greedy, streaming, with the usage chunk requested so the server counts the tokens."""
     body: dict[str, Any] = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0, "stream": True,
                             "stream_options": {"include_usage": True}}
@@ -68,6 +71,8 @@ def request_body(spec: RequestSpec, model: str, endpoint: str, ignore_eos: bool)
         body["prompt"] = spec.prompt
     if ignore_eos:  # a vLLM extension; left out when off so strict OpenAI servers accept the body
         body["ignore_eos"] = True
+    if return_token_ids:  # a vLLM extension too: a chunk per token, even one whose text is empty
+        body["return_token_ids"] = True
     return body
 
 
@@ -79,6 +84,15 @@ def chunk_text(chunk: dict[str, Any]) -> str:
         piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         text += piece or ""
     return text
+
+
+def chunk_token_ids(chunk: dict[str, Any]) -> list[int] | None:
+    """The generated token ids a streamed chunk carries (vLLM's `return_token_ids`); None without the field."""
+    ids: list[int] | None = None
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice.get("token_ids"), list):
+            ids = (ids or []) + choice["token_ids"]
+    return ids
 
 
 async def send_request(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str],
@@ -120,7 +134,10 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], hea
             if "error" in chunk:
                 record.fail("stream_error", json.dumps(chunk["error"]))
                 return
-            if chunk_text(chunk):
+            ids = chunk_token_ids(chunk)
+            if ids is not None:
+                record.token_ids_received = (record.token_ids_received or 0) + len(ids)
+            if chunk_text(chunk) or ids:
                 chunks += 1
                 if last is None:
                     record.ttft = now - start
@@ -133,6 +150,6 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], hea
                 record.prompt_tokens = usage.get("prompt_tokens")
                 record.output_tokens = int(usage.get("completion_tokens") or 0)
         if not done:
-            record.fail("incomplete_stream", f"the stream ended without [DONE] after {chunks} text chunks")
+            record.fail("incomplete_stream", f"the stream ended without [DONE] after {chunks} output chunks")
         elif not record.usage_reported:
-            record.output_tokens = chunks
+            record.output_tokens = chunks if record.token_ids_received is None else record.token_ids_received

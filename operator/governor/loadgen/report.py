@@ -93,6 +93,9 @@ class BenchResult:
     total_output_tokens: int
     usage_reported: int
     peak_in_flight: int  # most requests the client had outstanding at once
+    # What TTFT and ITL time: "token_ids" when every completed stream carried token ids (a chunk per token,
+    # even one with empty text), else "text_chunks" (only chunks with text; a token of no text waits for one)
+    timing: str
     ttft_ms: dict[str, float | None]
     itl_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
@@ -119,6 +122,7 @@ def build_result(records: Sequence[RequestRecord], duration_s: float, slo: SLO, 
     output_tokens = sum(r.output_tokens for r in ok)
     per_s = 1.0 / duration_s if duration_s > 0 else 0.0
     good = sum(slo.met_by(r) for r in records) if slo.given else None
+    by_token_ids = bool(ok) and all(r.token_ids_received is not None for r in ok)
     return BenchResult(
         completed=len(ok),
         failed=len(records) - len(ok),
@@ -131,6 +135,7 @@ def build_result(records: Sequence[RequestRecord], duration_s: float, slo: SLO, 
         total_output_tokens=output_tokens,
         usage_reported=sum(r.usage_reported for r in ok),
         peak_in_flight=peak_in_flight,
+        timing="token_ids" if by_token_ids else "text_chunks",
         ttft_ms=summarize_ms([r.ttft for r in ok if r.ttft is not None]),
         itl_ms=summarize_ms([gap for r in ok for gap in r.itl]),
         e2e_ms=summarize_ms([r.e2e for r in ok if r.e2e is not None]),
@@ -156,6 +161,7 @@ def format_table(result: BenchResult, title: str = "Serving benchmark") -> str:
          result.total_input_tokens),
         ("Output tokens", result.total_output_tokens),
         ("Peak requests in flight", result.peak_in_flight),
+        ("TTFT/ITL timed at", result.timing),
     ]
     for name, stats in (("TTFT", result.ttft_ms), ("ITL", result.itl_ms), ("E2E", result.e2e_ms)):
         rows += [(f"{name} {stat} (ms)", value) for stat, value in stats.items()]

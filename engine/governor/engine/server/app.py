@@ -254,26 +254,33 @@ def create_app(state: ServerState) -> FastAPI:
         if not req.stream:
             evs, final = await _collect(events)
             c = final.outputs[0]
+            choice = {"index": 0, "text": c.text, "logprobs": logprobs_block(evs, 0),
+                      "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if req.return_token_ids:  # vLLM puts both on the choice of a completion
+                choice |= {"prompt_token_ids": ids, "token_ids": list(c.token_ids)}
             return {"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "text": c.text, "logprobs": logprobs_block(evs, 0),
-                                 "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}],
-                    "usage": _usage(len(ids), final)}
+                    "choices": [choice], "usage": _usage(len(ids), final)}
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         async def sse() -> AsyncIterator[str]:
             offset = 0
+            first = True
             try:
                 async for item in events:
                     if isinstance(item, TokenEvent):
-                        if not item.text_delta and item.finish_reason is None and req.logprobs is None:
+                        if not _sends_chunk(item, req.logprobs is not None, req.return_token_ids):
                             continue
+                        choice = {"index": 0, "text": item.text_delta, "logprobs": logprobs_block([item], offset),
+                                  "finish_reason": item.finish_reason, "stop_reason": item.stop_reason}
+                        if req.return_token_ids:  # as vLLM: the prompt's ids on the first chunk only
+                            if first:
+                                choice["prompt_token_ids"] = ids
+                            choice["token_ids"] = _new_token_ids(item)
                         chunk = {"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                                 "choices": [{"index": 0, "text": item.text_delta,
-                                              "logprobs": logprobs_block([item], offset),
-                                              "finish_reason": item.finish_reason,
-                                              "stop_reason": item.stop_reason}]}
+                                 "choices": [choice]}
                         offset += len(item.text_delta)
+                        first = False
                         yield f"data: {json.dumps(chunk)}\n\n"
                     elif not item.outputs:  # the engine failed: say so in-band, then end the stream
                         err = {"error": {"message": "the engine failed while running this request",
@@ -326,17 +333,28 @@ def create_app(state: ServerState) -> FastAPI:
         if not req.stream:
             evs, final = await _collect(events)
             c = final.outputs[0]
-            return {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                                 "logprobs": logprobs_block(evs), "finish_reason": c.finish_reason,
-                                 "stop_reason": c.stop_reason}],
-                    "usage": _usage(len(ids), final)}
+            choice = {"index": 0, "message": {"role": "assistant", "content": c.text},
+                      "logprobs": logprobs_block(evs), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            response = {"id": rid, "object": "chat.completion", "created": created, "model": req.model,
+                        "choices": [choice], "usage": _usage(len(ids), final)}
+            if req.return_token_ids:  # vLLM puts the prompt's ids on a chat response, the output's on its choice
+                choice["token_ids"] = list(c.token_ids)
+                response["prompt_token_ids"] = ids
+            return response
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(delta: dict[str, Any], finish: str | None, lp: dict[str, Any] | None = None) -> str:
+        def chunk(delta: dict[str, Any], finish: str | None, ev: TokenEvent | None = None) -> str:
+            """A chunk for token event `ev`, or the opening role chunk when `ev` is None."""
+            choice = {"index": 0, "delta": delta, "logprobs": None if ev is None else logprobs_block([ev]),
+                      "finish_reason": finish}
             body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+                    "choices": [choice]}
+            if req.return_token_ids:  # as vLLM: the prompt's ids on the first (role) chunk, new ids on the rest
+                if ev is None:
+                    body["prompt_token_ids"] = ids
+                else:
+                    choice["token_ids"] = _new_token_ids(ev)
             return f"data: {json.dumps(body)}\n\n"
 
         async def sse() -> AsyncIterator[str]:
@@ -344,10 +362,10 @@ def create_app(state: ServerState) -> FastAPI:
                 yield chunk({"role": "assistant", "content": ""}, None)
                 async for item in events:
                     if isinstance(item, TokenEvent):
-                        if not item.text_delta and item.finish_reason is None and not req.logprobs:
+                        if not _sends_chunk(item, req.logprobs, req.return_token_ids):
                             continue
                         delta = {"content": item.text_delta} if item.text_delta else {}
-                        yield chunk(delta, item.finish_reason, logprobs_block([item]))
+                        yield chunk(delta, item.finish_reason, item)
                     elif not item.outputs:  # the engine failed: say so in-band, then end the stream
                         err = {"error": {"message": "the engine failed while running this request",
                                          "type": "server_error", "param": None, "code": None}}
@@ -363,6 +381,17 @@ def create_app(state: ServerState) -> FastAPI:
         return StreamingResponse(sse(), media_type="text/event-stream")
 
     return app
+
+
+def _sends_chunk(ev: TokenEvent, logprobs: bool, token_ids: bool) -> bool:
+    """Whether a streamed token event gets a chunk: it has text, ends the request, or carries what the
+    client asked for (logprobs, or the token's id: its text may be empty, e.g. partial UTF-8)."""
+    return bool(ev.text_delta) or ev.finish_reason is not None or logprobs or (token_ids and ev.token_id is not None)
+
+
+def _new_token_ids(ev: TokenEvent) -> list[int]:
+    """The ids an event adds to the output (none when the request ended without a token, e.g. a timeout)."""
+    return [] if ev.token_id is None else [ev.token_id]
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,

@@ -16,7 +16,7 @@ class StreamOptions(BaseModel):
 
 class _SamplingFields(BaseModel):
     """Fields shared by completions and chat completions; vLLM's extras (top_k, min_p, ignore_eos,
-    stop_token_ids, cache_salt) are accepted as top-level fields, plus `timeout` (seconds)."""
+    stop_token_ids, cache_salt, return_token_ids) are accepted as top-level fields, plus `timeout` (seconds)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -41,6 +41,9 @@ class _SamplingFields(BaseModel):
                                                "requests of the same salt.")
     timeout: float | None = Field(default=None, gt=0.0, description="End the request after this many seconds "
                                                                     "with finish_reason 'timeout'.")
+    return_token_ids: bool = Field(default=False, description="vLLM's extension: the choice carries `token_ids` "
+                                   "(generated ids) and the prompt's ids come as `prompt_token_ids`; streamed, "
+                                   "every new token gets a chunk with its ids, even when its text is empty.")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
