@@ -49,6 +49,15 @@ class PagedAttention:
             return kernels.paged_attention_ref(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                                meta.query_start_loc, self.scale, k_scale=k_scale, v_scale=v_scale)
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return self.attend(q, kv_cache, meta, k_scale, v_scale)
+
+    def attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q over the cache, this step's K/V already written (backend "triton" only)."""
+        if self.backend != "triton":
+            raise RuntimeError("PagedAttention.attend runs the Triton kernels; the torch backend writes and "
+                               "attends in one call")
+        k_cache, v_cache = kv_cache
         out = torch.empty_like(q)
         nd, ndt = meta.num_decodes, meta.num_decode_tokens
         if nd:

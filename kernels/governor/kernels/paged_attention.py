@@ -41,6 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
+from governor.kernels.elementwise import rms_norm_ref, rotate, rotate_ref, round_to
+
 # Decided once, when the kernels are decorated: triton reads TRITON_INTERPRET at `@triton.jit` time.
 _INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -214,6 +216,161 @@ def write_kv(
         FP8=fp8,
         INTERPRET=_INTERPRET,
     )
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    qkv_ptr,
+    pos_ptr,
+    cos_sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    eps,
+    stride_t,
+    stride_cs,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    FP8: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    # Program (token, head) over the q heads then the kv heads: a q head is normed/rotated in place, a kv
+    # head's rotated key and its value go to the cache. Heads sit side by side in a qkv row, so
+    # `head * HEAD_DIM` addresses q head `head` and, past NUM_HEADS, key head `head - NUM_HEADS`.
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dtype = qkv_ptr.dtype.element_ty
+    d = tl.arange(0, HEAD_DIM)
+    d_half = (d + HEAD_DIM // 2) % HEAD_DIM  # roll(x, D/2)[d] = x[(d + D/2) mod D]
+    row = qkv_ptr + token * stride_t + head * HEAD_DIM
+    x = tl.load(row + d).to(tl.float32)
+    x_half = tl.load(row + d_half).to(tl.float32)
+    if QK_NORM:
+        w_ptr = tl.where(head < NUM_HEADS, q_norm_ptr, k_norm_ptr)
+        # The norm is per element after one shared statistic: normalize x, and x_half with x's statistic.
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
+        x = round_to(round_to(x * rstd, dtype) * tl.load(w_ptr + d).to(tl.float32), dtype)
+        x_half = round_to(round_to(x_half * rstd, dtype) * tl.load(w_ptr + d_half).to(tl.float32), dtype)
+    cs = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
+    y = rotate(x, x_half, tl.load(cs + d).to(tl.float32), tl.load(cs + HEAD_DIM + d).to(tl.float32), dtype)
+    if head < NUM_HEADS:
+        tl.store(row + d, y.to(dtype))
+    else:
+        kv_head = head - NUM_HEADS
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        if slot >= 0:
+            v = tl.load(qkv_ptr + token * stride_t + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + d)
+            if FP8:
+                y = _quantize_e4m3(y, tl.load(k_scale_ptr + kv_head), INTERPRET)
+                v = _quantize_e4m3(v, tl.load(v_scale_ptr + kv_head), INTERPRET)
+            kc = k_cache_ptr + slot * stride_kc_slot + kv_head * stride_kc_h + d
+            vc = v_cache_ptr + slot * stride_vc_slot + kv_head * stride_vc_h + d
+            tl.store(kc, y.to(kc.dtype.element_ty))
+            tl.store(vc, v.to(vc.dtype.element_ty))
+
+
+def _qkv_views(qkv: torch.Tensor, num_heads: int, k_cache: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k and v [T, Hkv, D]: views of a qkv projection row [q | k | v]."""
+    t, num_kv_heads, head_dim = qkv.shape[0], k_cache.shape[2], k_cache.shape[3]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if qkv.dim() != 2 or qkv.shape[1] != q_size + 2 * kv_size or qkv.stride(-1) != 1:
+        raise ValueError(f"rotary_write_kv: qkv must be [T, (num_heads + 2 * num_kv_heads) * head_dim] = "
+                         f"[T, {q_size + 2 * kv_size}] with contiguous rows, got {tuple(qkv.shape)}")
+    return (qkv[:, :q_size].view(t, num_heads, head_dim), qkv[:, q_size:q_size + kv_size].view(t, num_kv_heads,
+            head_dim), qkv[:, q_size + kv_size:].view(t, num_kv_heads, head_dim))
+
+
+def rotary_write_kv_ref(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    num_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotate q and k of a qkv projection [T, (Hq + 2 Hkv) D] by their tokens' rotary rows
+    `cos_sin[positions]` (`cos_sin` [max_positions, 2, D]: cos, and sin with its first half negated), after
+    the per-head RMSNorms `q_norm`/`k_norm` [D] when given (Qwen3); store the rotated k and v at
+    `slot_mapping` like `write_kv_ref`. Returns the rotated q [T, Hq, D] (a new tensor; qkv is unchanged)."""
+    q, k, v = _qkv_views(qkv, num_heads, k_cache)
+    if q_norm is not None and k_norm is not None:
+        q, k = rms_norm_ref(q, q_norm, eps), rms_norm_ref(k, k_norm, eps)
+    rows = cos_sin[positions].unsqueeze(2)
+    q, k = rotate_ref(q, rows), rotate_ref(k, rows)
+    write_kv_ref(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    return q
+
+
+def rotary_write_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    num_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`rotary_write_kv_ref` in one kernel, without a host sync (CUDA-graph safe). The rotated q is written
+    into qkv in place and returned as a view [T, Hq, D]; k in qkv is left unrotated. Same rounding as the
+    reference (`elementwise` module docstring); the cache bytes equal `write_kv`'s for the same k and v."""
+    if not _triton_usable(qkv):
+        q = _qkv_views(qkv, num_heads, k_cache)[0]
+        return q.copy_(rotary_write_kv_ref(qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
+                                           q_norm=q_norm, k_norm=k_norm, eps=eps, k_scale=k_scale, v_scale=v_scale))
+    q, k, v = _qkv_views(qkv, num_heads, k_cache)
+    fp8 = _check_write_kv_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    t, num_kv_heads, head_dim = k.shape
+    _require_pow2_head_dim(head_dim, "rotary_write_kv")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("rotary_write_kv: pass both q_norm and k_norm, or neither")
+    if cos_sin.dim() != 3 or cos_sin.shape[1:] != (2, head_dim) or not cos_sin.is_contiguous():
+        raise ValueError(f"rotary_write_kv: cos_sin must be a contiguous [max_positions, 2, {head_dim}], "
+                         f"got {tuple(cos_sin.shape)}")
+    if positions.shape != (t,):
+        raise ValueError(f"rotary_write_kv: positions must be [{t}], got {tuple(positions.shape)}")
+    if t == 0:
+        return q
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    _rotary_write_kv_kernel[(t, num_heads + num_kv_heads)](
+        qkv, positions, cos_sin,
+        q_norm if q_norm is not None else cos_sin, k_norm if k_norm is not None else cos_sin,  # unread w/o QK_NORM
+        k_flat, v_flat, slot_mapping,
+        k_scale if fp8 else k_flat, v_scale if fp8 else v_flat,  # never dereferenced unless FP8
+        eps, qkv.stride(0), cos_sin.stride(0),
+        k_flat.stride(0), k_flat.stride(1), v_flat.stride(0), v_flat.stride(1),
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        QK_NORM=q_norm is not None,
+        FP8=fp8,
+        INTERPRET=_INTERPRET,
+    )  # fmt: skip
+    return q
 
 
 def _check_write_kv_args(
@@ -467,7 +624,6 @@ def _decode_kernel(
     k_scale_ptr,
     v_scale_ptr,
     qk_scale,
-    partition_size,
     num_q_heads,
     num_splits,
     stride_qt,
@@ -487,6 +643,7 @@ def _decode_kernel(
     TILE_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SPLIT: tl.constexpr,
+    TILE_ALIGN: tl.constexpr,
     KV_FP8: tl.constexpr,
     FP16_PRODUCTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -500,6 +657,7 @@ def _decode_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     if SPLIT:
         # Partitions past seq_len run no tiles; the reduce ignores them (it recounts valid ones).
+        partition_size = _partition_size(seq_len, num_splits, TILE_ALIGN)
         kv_begin = split * partition_size
         kv_end = tl.minimum(seq_len, kv_begin + partition_size)
     else:
@@ -555,19 +713,19 @@ def _decode_reduce_kernel(
     part_m_ptr,
     part_l_ptr,
     seq_lens_ptr,
-    partition_size,
     num_q_heads,
     num_splits,
     stride_ot,
     stride_oh,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    TILE_ALIGN: tl.constexpr,
 ):
     # Program (seq, q head): merge the valid partitions' (m, l, acc) into softmax-weighted output.
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    num_valid = tl.cdiv(seq_len, partition_size)
+    num_valid = tl.cdiv(seq_len, _partition_size(seq_len, num_splits, TILE_ALIGN))
     s = tl.arange(0, SPLITS_PAD)
     valid = s < num_valid
     row = (seq * num_q_heads + head).to(tl.int64) * num_splits + s
@@ -584,11 +742,21 @@ def _decode_reduce_kernel(
     tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _partition_size(seq_len, num_splits, TILE_ALIGN: tl.constexpr):
+    # A sequence's split-KV partition: its context over the splits, in whole tiles (at least one), so every
+    # split of a short context under a CUDA graph (splits sized for max_model_len) still gets work. The
+    # decode kernel and the reduce compute it alike.
+    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_ALIGN), 1) * TILE_ALIGN
+
+
 def decode_partitions(programs: int, context_bound: int, device: torch.device,
                       num_splits: int | None = None) -> tuple[int, int]:
-    """(splits, partition size in tokens) the decode kernel runs for `programs` (sequence, KV head) pairs over
-    contexts of at most `context_bound` tokens: `num_splits` (default: the automatic choice) rounded so that each
-    partition is whole _TILE_N tiles (a longer fp8 tile may run past a partition's end: masked)."""
+    """(splits, partition size in tokens at `context_bound`) the decode kernel runs for `programs` (sequence,
+    KV head) pairs over contexts of at most `context_bound` tokens: `num_splits` (default: the automatic
+    choice) rounded so that each partition is whole _TILE_N tiles (a longer fp8 tile may run past a
+    partition's end: masked). Each sequence's partitions are sized from its own length the same way
+    (`_partition_size`), so a shorter sequence spreads over all splits in smaller partitions."""
     if num_splits is None:
         num_splits = _choose_num_splits(programs, context_bound, device)
     if num_splits < 1:
@@ -655,7 +823,7 @@ def paged_decode_attention(
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
         k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
-        scale * _LOG2E, partition_size, num_q_heads, num_splits,
+        scale * _LOG2E, num_q_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -665,6 +833,7 @@ def paged_decode_attention(
         TILE_N=tile_n,
         HEAD_DIM=head_dim,
         SPLIT=split,
+        TILE_ALIGN=_TILE_N,
         KV_FP8=fp8,
         FP16_PRODUCTS=fp8 and q.dtype == torch.bfloat16,
         DOT_PRECISION=_dot_precision(q.dtype),
@@ -672,10 +841,11 @@ def paged_decode_attention(
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(batch, num_q_heads)](
-            out, part_acc, part_m, part_l, seq_lens, partition_size, num_q_heads, num_splits,
+            out, part_acc, part_m, part_l, seq_lens, num_q_heads, num_splits,
             out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             HEAD_DIM=head_dim,
+            TILE_ALIGN=_TILE_N,
         )  # fmt: skip
     return out
 

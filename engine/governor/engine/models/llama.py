@@ -23,6 +23,8 @@ from governor.engine.attention import AttentionMetadata, PagedAttention
 from governor.engine.models.checkpoint import LazyTensor
 from governor.engine.models.model_config import ModelConfig, RopeConfig
 from governor.engine.tp.group import SINGLE, TPGroup
+from governor.kernels import elementwise
+from governor.kernels.paged_attention import rotary_write_kv
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -36,9 +38,13 @@ class RMSNorm(nn.Module):
         self.weight = _param(dim, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # HF: weight * (x.float() * rsqrt(mean(x²) + eps)).to(x.dtype). F.rms_norm computes the same in fp32
-        # and rounds once to x's dtype, in one kernel on CUDA instead of six.
-        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        return elementwise.rms_norm_ref(x, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): in one Triton kernel when `fused`."""
+        add_norm = elementwise.add_rms_norm if fused else elementwise.add_rms_norm_ref
+        return add_norm(x, residual, self.weight, self.eps)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -59,14 +65,12 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return inv_freq
 
 
-class Rotary(nn.Module):
+class Rotary:
     """cos and sin for every position up to max_positions, in the model dtype (HF computes them in fp32 and
-    casts per use: the same values). sin has its first half negated so that HF's rotate_half(x) * sin is
-    roll(x, D/2) * sin: fewer kernels, bitwise the same (x * -s == -(x * s) in IEEE arithmetic)."""
+    casts per use: the same values). sin has its first half negated (`elementwise.rotate_ref`)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        super().__init__()
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(rope, head_dim))
         emb = torch.cat((freqs, freqs), dim=-1)
         sin = emb.sin()
@@ -78,16 +82,12 @@ class Rotary(nn.Module):
         return self.table[positions].unsqueeze(2)
 
 
-def apply_rotary(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by its tokens' `Rotary.lookup` rows (HF's rotate-half form)."""
-    return x * cos_sin[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * cos_sin[:, 1]
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
-                 tp: TPGroup) -> None:
+                 tp: TPGroup, rotary: Rotary) -> None:
         super().__init__()
         self.tp = tp
+        self.rotary = rotary
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -112,21 +112,37 @@ class Attention(nn.Module):
         self.k_amax = k_amax if self.k_amax is None else torch.maximum(self.k_amax, k_amax)
         self.v_amax = v_amax if self.v_amax is None else torch.maximum(self.v_amax, v_amax)
 
-    def forward(self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor | None,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """`cos_sin`: the step's `Rotary.lookup` rows, or None for the fused path (Triton backend), where one
+        kernel norms (Qwen3) and rotates q and k and writes k and v to the cache."""
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        if cos_sin is None and not self.observe:
+            q = rotary_write_kv(qkv, positions, self.rotary.table, self.num_heads, *kv_cache, meta.slot_mapping,
+                                q_norm=None if self.q_norm is None else self.q_norm.weight,
+                                k_norm=None if self.k_norm is None else self.k_norm.weight,
+                                eps=0.0 if self.q_norm is None else self.q_norm.eps,
+                                k_scale=self.k_scale, v_scale=self.v_scale)
+            out = self.backend.attend(q, kv_cache, meta, self.k_scale, self.v_scale)
+        else:
+            out = self._unfused(qkv, self.rotary.lookup(positions) if cos_sin is None else cos_sin, kv_cache, meta)
+        return self.tp.all_reduce(F.linear(out.reshape(-1, self.q_size), self.o_weight))
+
+    def _unfused(self, qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                 meta: AttentionMetadata) -> torch.Tensor:
+        """The PyTorch path (CPU, and fp8 calibration, which observes k and v)."""
         t, qk_size, d = qkv.shape[0], self.q_size + self.kv_size, self.head_dim
         v = qkv[:, qk_size:].view(t, self.num_kv_heads, d)
         if self.q_norm is not None and self.k_norm is not None:
-            q = apply_rotary(self.q_norm(qkv[:, :self.q_size].view(t, self.num_heads, d)), cos_sin)
-            k = apply_rotary(self.k_norm(qkv[:, self.q_size:qk_size].view(t, self.num_kv_heads, d)), cos_sin)
+            q = elementwise.rotate_ref(self.q_norm(qkv[:, :self.q_size].view(t, self.num_heads, d)), cos_sin)
+            k = elementwise.rotate_ref(self.k_norm(qkv[:, self.q_size:qk_size].view(t, self.num_kv_heads, d)),
+                                       cos_sin)
         else:  # q and k sit side by side in qkv: rotate them together
-            qk = apply_rotary(qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, d), cos_sin)
+            qk = elementwise.rotate_ref(qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, d), cos_sin)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         if self.observe:
             self._observe(k, v)
-        out = self.backend(q, k, v, kv_cache, meta, self.k_scale, self.v_scale)
-        return self.tp.all_reduce(F.linear(out.reshape(-1, self.q_size), self.o_weight))
+        return self.backend(q, k, v, kv_cache, meta, self.k_scale, self.v_scale)
 
 
 class MLP(nn.Module):
@@ -138,17 +154,17 @@ class MLP(nn.Module):
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate, dim=-1)
-        return self.tp.all_reduce(F.linear(F.silu(gate) * up, self.down_weight))
+    def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
+        silu_mul = elementwise.silu_mul if fused else elementwise.silu_mul_ref
+        return self.tp.all_reduce(F.linear(silu_mul(F.linear(x, self.gate_up_weight)), self.down_weight))
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
-                 tp: TPGroup) -> None:
+                 tp: TPGroup, rotary: Rotary) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device, backend, tp)
+        self.self_attn = Attention(cfg, dtype, device, backend, tp, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device, tp)
 
@@ -164,26 +180,34 @@ class CausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tp = tp
+        # The Triton backend runs the fused elementwise kernels too (kernels.elementwise): one kernel for
+        # residual add + norm, one for rotary + KV write, one for SiLU·mul, where PyTorch runs several.
+        self.fused = backend.backend == "triton"
+        self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, dtype, device)
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp) for _ in range(cfg.num_layers)]
+        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp, self.rotary)
+                               for _ in range(cfg.num_layers)]
         self.layers = nn.ModuleList(self.decoder_layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.lm_head: torch.Tensor | None = None
         if lm_head:
             self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
                             else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
-        self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, dtype, device)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]."""
+        fused = self.fused
         h = F.embedding(input_ids, self.embed_tokens)
-        cos_sin = self.rotary.lookup(positions)
+        cos_sin = None if fused else self.rotary.lookup(positions)  # gathered once for every layer
+        residual: torch.Tensor | None = None  # the residual stream; h is the last block's output
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos_sin, kv_cache, meta)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.norm(h)
+            x, residual = layer.input_layernorm.add_forward(h, residual, fused)
+            h = layer.self_attn(x, positions, cos_sin, kv_cache, meta)
+            x, residual = layer.post_attention_layernorm.add_forward(h, residual, fused)
+            h = layer.mlp(x, fused)
+        return self.norm.add_forward(h, residual, fused)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

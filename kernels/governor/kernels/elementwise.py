@@ -1,0 +1,158 @@
+"""A decoder layer's elementwise work, fused: residual add + RMSNorm, SiLU(gate) * up, rotary.
+
+Each Triton kernel replaces several PyTorch kernels (a batch-1 decode step of an 8B model ran about 20
+small kernels a layer, most of them these; issue 9) and rounds exactly where the PyTorch code it
+replaces rounds: every intermediate that code materializes in the model dtype is rounded to that dtype
+here too, so outputs differ from the references only by the order of the fp32 sum in a norm. The
+references (`*_ref`) are the PyTorch code itself: the oracle in tests and the CPU path.
+
+Rotary lives here as math (`rotate_ref`, `rotate`); the kernel that also writes the rotated keys into
+the paged KV cache is `paged_attention.rotary_write_kv`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+# Decided once, when the kernels are decorated: triton reads TRITON_INTERPRET at `@triton.jit` time.
+_INTERPRET = bool(triton.knobs.runtime.interpret)
+
+_SILU_BLOCK = 1024  # columns per SiLU·mul program
+
+
+def triton_usable(t: torch.Tensor) -> bool:
+    """Whether Triton kernels can run on `t`: a CUDA tensor, or any tensor under TRITON_INTERPRET=1."""
+    return t.is_cuda or _INTERPRET
+
+
+# ----------------------------------------------------------------------------------------------
+# References
+# ----------------------------------------------------------------------------------------------
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's RMSNorm: weight * (x.float() * rsqrt(mean(x²) + eps)).to(x.dtype). F.rms_norm computes
+    the normalization in fp32 and rounds once to x's dtype (one kernel on CUDA instead of six)."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual), the sum rounded to x's dtype; no residual: (RMSNorm(x), x)."""
+    h = x if residual is None else residual + x
+    return rms_norm_ref(h, weight, eps), h
+
+
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up for gate_up [T, 2I] = [gate | up]."""
+    gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotate_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by rotary rows cos_sin [T, 2, 1, D] (cos, sin with its first half negated).
+
+    Hugging Face's rotate-half form, x * cos + rotate_half(x) * sin, written as roll(x, D/2) * signed sin:
+    fewer kernels, bitwise the same (x * -s == -(x * s) in IEEE arithmetic)."""
+    return x * cos_sin[:, 0] + x.roll(x.shape[-1] // 2, dims=-1) * cos_sin[:, 1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """x (fp32) rounded to nearest-even in `dtype` and widened back: where the PyTorch code stores an
+    intermediate. bf16 is rounded by hand: Triton's interpreter truncates fp32 -> bf16 casts (it ignores
+    fp_downcast_rounding), the GPU rounds; by hand both round alike (NaN payloads aside)."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def rms_normalize(x, w, n, eps, dtype: tl.constexpr):
+    """`rms_norm_ref` of one row x (fp32, zero past n) with weight w (fp32), rounded as the reference rounds."""
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+    return round_to(round_to(x * rstd, dtype) * w, dtype)
+
+
+@triton.jit
+def rotate(x, x_half, cos, sin, dtype: tl.constexpr):
+    """`rotate_ref` of one head: x, x rolled by D/2, cos and signed sin, all fp32; rounded as the reference."""
+    return round_to(round_to(x * cos, dtype) + round_to(x_half * sin, dtype), dtype)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
+                         stride_x, stride_r, stride_o, stride_h,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per row.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    dtype = out_ptr.dtype.element_ty
+    h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        h = round_to(h + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32), dtype)
+        tl.store(h_ptr + row * stride_h + cols, h.to(dtype), mask=mask)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, rms_normalize(h, w, n, eps, dtype).to(dtype), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_rms_norm_ref` in one kernel for x [T, n] (the residual, when given, is [T, n] too)."""
+    if not triton_usable(x):
+        return add_rms_norm_ref(x, residual, weight, eps)
+    if x.dim() != 2 or x.stride(-1) != 1 or (residual is not None and (residual.shape != x.shape
+                                                                        or residual.stride(-1) != 1)):
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} and residual must be [T, n] with contiguous rows")
+    t, n = x.shape
+    out = torch.empty_like(x)
+    h = x if residual is None else torch.empty_like(x)
+    if t:
+        r = x if residual is None else residual  # never read without a residual
+        _add_rms_norm_kernel[(t,)](x, r, weight, out, h, n, eps, x.stride(0), r.stride(0), out.stride(0),
+                                   h.stride(0), HAS_RESIDUAL=residual is not None,
+                                   BLOCK=triton.next_power_of_2(n), num_warps=_row_warps(n))
+    return out, h
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, n, stride_gu, stride_o, BLOCK: tl.constexpr):
+    # Program (row, column block).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    dtype = out_ptr.dtype.element_ty
+    gate = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * stride_gu + n + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
+    tl.store(out_ptr + row * stride_o + cols, round_to(silu * up, dtype).to(dtype), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """`silu_mul_ref` in one kernel: gate_up [T, 2I] -> [T, I]."""
+    if not triton_usable(gate_up):
+        return silu_mul_ref(gate_up)
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(-1) != 1:
+        raise ValueError(f"silu_mul: gate_up must be [T, 2I] with contiguous rows, got {tuple(gate_up.shape)}")
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(t, n, dtype=gate_up.dtype, device=gate_up.device)
+    if t:
+        _silu_mul_kernel[(t, triton.cdiv(n, _SILU_BLOCK))](gate_up, out, n, gate_up.stride(0), out.stride(0),
+                                                          BLOCK=_SILU_BLOCK)
+    return out
+
+
+def _row_warps(n: int) -> int:
+    # Enough threads that a row of n values is a few per thread (hidden 4096: 8 warps, 16 values each).
+    return max(1, min(16, n // 512))
