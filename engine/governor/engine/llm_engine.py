@@ -327,7 +327,8 @@ class LLMEngine:
         logits = self._execute(out)
         self.counters["steps"] += 1
         sampling = [s for s in out.scheduled if s.samples]
-        rows = torch.tensor([0] + [s.num_logits for s in sampling]).cumsum(0).tolist()
+        # A sampling sequence's logits rows (its num_logits): its last known token and each draft.
+        rows = list(itertools.accumulate((1 + len(s.draft_tokens) for s in sampling), initial=0))
         for s in out.scheduled:  # KV of known tokens is now written; drafts are settled after verification
             s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
             if not s.draft_tokens:
@@ -391,8 +392,10 @@ class LLMEngine:
         out: list[tuple[list[int], list[dict[int, float] | None]]] = [([], []) for _ in sampling]
         if plain:
             seqs = [sampling[i].seq for i in plain]
-            sampled = sample(logits[[rows[i] for i in plain]], [q.params for q in seqs],
-                             [q.generator for q in seqs], self.generator)
+            # Without drafts in the step, row i is sequence i's: no gather (a copy of the logits) needed.
+            all_plain = len(plain) == len(sampling) == logits.shape[0]
+            plain_logits = logits if all_plain else logits[[rows[i] for i in plain]]
+            sampled = sample(plain_logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator)
             for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
                 out[i] = ([tok], [lp])
         for i, s in enumerate(sampling):
@@ -431,7 +434,7 @@ class LLMEngine:
 
     def _check_stop(self, req: _Request, token: int) -> str | None:
         seq, p = req.seq, req.seq.params
-        if p.stop_strings and req.detok is not None:
+        if req.detok is not None and p.stop_strings:  # detok first: stop_strings builds a list
             text = req.detok.text
             hits = [(i, s) for s in p.stop_strings if (i := text.find(s)) >= 0]
             if hits:

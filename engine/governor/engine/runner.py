@@ -11,7 +11,7 @@ import torch
 from governor.engine.attention import AttentionMetadata
 from governor.engine.cuda_graphs import CudaGraphs, GraphKey, capture_sizes
 from governor.engine.models.llama import CausalLM
-from governor.engine.scheduler import SchedulerOutput
+from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.tp.group import TPGroup
 
 # Control messages from rank 0 to tensor-parallel workers, int64: a header [command, *StepShape] then, for
@@ -86,6 +86,9 @@ class ModelRunner:
         self.logits_idx = dev(self.max_logits, dtype=torch.int64)
         # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
         self._uploaded: torch.cuda.Event | None = None
+        # Invariant: _row_tables[i] == h_block_tables[i, :len(_row_tables[i])]: what `_stage_block_tables`
+        # last wrote to row i (the rest of the row is stale and never read: seq_lens bounds it).
+        self._row_tables: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self.graphs: CudaGraphs | None = None
         self._verify_query_len = 1 + max_spec_tokens  # query tokens per sequence of a verification graph
 
@@ -94,40 +97,92 @@ class ModelRunner:
             self._uploaded.synchronize()
 
     def stage(self, out: SchedulerOutput) -> StepShape:
-        """Fill the host buffers for this step."""
+        """Fill the host buffers for this step: block tables, then the leading single-token rows
+        (decodes, the common case) batched, then every other row (prefill chunks, verifications)."""
         self._wait_for_uploads()
-        ids, pos, slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
-        bt, lens, qsl = self.h_block_tables.numpy(), self.h_seq_lens.numpy(), self.h_qsl.numpy()
-        lidx = self.h_logits_idx.numpy()
-        bs = self.block_size
-        t = 0
-        n_sample = 0
+        scheduled = out.scheduled
         num_decodes = 0
-        max_q = 0
-        width = 0
+        while num_decodes < len(scheduled) and scheduled[num_decodes].num_new_tokens == 1:
+            num_decodes += 1
+        width = self._stage_block_tables(scheduled)
+        ids, pos, slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
+        lens, qsl, lidx = self.h_seq_lens.numpy(), self.h_qsl.numpy(), self.h_logits_idx.numpy()
         qsl[0] = 0
-        for i, s in enumerate(out.scheduled):
+        n_sample = self._stage_decodes(scheduled[:num_decodes])
+        bs = self.block_size
+        t = num_decodes
+        max_q = 1 if num_decodes else 0
+        for i in range(num_decodes, len(scheduled)):
+            s = scheduled[i]
             seq, n = s.seq, s.num_new_tokens
             start = seq.num_computed_tokens
             p = np.arange(start, start + n)
-            table = np.asarray(seq.block_table, dtype=np.int64)
             known = n - len(s.draft_tokens)
             ids[t:t + known] = seq.token_ids(start, start + known)
             ids[t + known:t + n] = s.draft_tokens
             pos[t:t + n] = p
-            slots[t:t + n] = table[p // bs] * bs + p % bs
-            bt[i, :len(table)] = table
-            width = max(width, len(table))
+            slots[t:t + n] = np.asarray(seq.block_table, dtype=np.int64)[p // bs] * bs + p % bs
             lens[i] = start + n
             t += n
             qsl[i + 1] = t
             max_q = max(max_q, n)
-            if n == 1 and num_decodes == i:
-                num_decodes += 1
             m = s.num_logits
             lidx[n_sample:n_sample + m] = np.arange(t - m, t)
             n_sample += m
-        return StepShape(t, len(out.scheduled), num_decodes, max_q, n_sample, width)
+        return StepShape(t, len(scheduled), num_decodes, max_q, n_sample, width)
+
+    def _stage_block_tables(self, scheduled: list[ScheduledSeq]) -> int:
+        """Write each row's block table where it differs from what the row already holds; the widest.
+
+        Rewriting every table each step costs a list-to-array conversion per sequence, yet a decoding
+        sequence's table gains one block every `block_size` steps. So each row remembers the table it
+        holds (`_row_tables`) and is written only where the table changed: nothing when equal (a C-level
+        list compare), the new tail when the table only grew, the whole table otherwise (another sequence
+        took the row, or blocks were trimmed and replaced). Comparing contents, not lengths or ids, keeps
+        this exact whatever the scheduler or a proposer did to the list in between."""
+        bt = self.h_block_tables.numpy()
+        rows = self._row_tables
+        width = 0
+        for i, s in enumerate(scheduled):
+            table = s.seq.block_table
+            n = len(table)
+            width = max(width, n)
+            row = rows[i]
+            if table == row:
+                continue
+            k = len(row)
+            if n > k and table[:k] == row:
+                bt[i, k:n] = table[k:]
+                row.extend(table[k:])
+            else:
+                bt[i, :n] = table
+                rows[i] = list(table)
+        return width
+
+    def _stage_decodes(self, decodes: list[ScheduledSeq]) -> int:
+        """Fill rows 0..len(decodes) - 1, each one query token, with a few array operations instead of
+        per-row ones; returns how many of them sample (their logits come first, in row order)."""
+        n = len(decodes)
+        if n == 0:
+            return 0
+        bs = self.block_size
+        positions, tokens, blocks, sampling = [], [], [], []
+        for i, s in enumerate(decodes):
+            seq = s.seq
+            p = seq.num_computed_tokens
+            positions.append(p)
+            tokens.append(seq.token_ids(p, p + 1)[0])
+            blocks.append(seq.block_table[p // bs])
+            if p + 1 == seq.num_tokens:  # ScheduledSeq.samples for a row of one known token
+                sampling.append(i)
+        pos = self.h_positions.numpy()[:n]
+        pos[:] = positions
+        self.h_input_ids.numpy()[:n] = tokens
+        self.h_slots.numpy()[:n] = np.asarray(blocks, dtype=np.int64) * bs + pos % bs
+        self.h_seq_lens.numpy()[:n] = pos + 1
+        self.h_qsl.numpy()[1:n + 1] = np.arange(1, n + 1)
+        self.h_logits_idx.numpy()[:len(sampling)] = sampling  # a row's only token is token i
+        return len(sampling)
 
     def _upload(self, shape: StepShape) -> AttentionMetadata:
         """Copy the staged buffers to the device; the step's attention metadata."""
@@ -276,6 +331,8 @@ class ModelRunner:
             self.tp.broadcast(rest)
             message = torch.cat([first, rest])
         self._wait_for_uploads()
+        for i in range(shape.num_seqs):  # the payload overwrites these rows' block tables
+            self._row_tables[i] = []
         flat, at = message.numpy(), _HEADER_LEN
         for p in parts:
             p[...] = flat[at:at + p.size].reshape(p.shape)

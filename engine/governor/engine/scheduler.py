@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -79,6 +80,9 @@ class Scheduler:
 
     def _fits(self, seq: Sequence, n: int) -> int:
         """How many of the next n tokens of seq fit in its blocks plus the free blocks."""
+        own = len(seq.block_table) * self.block_size - seq.num_computed_tokens
+        if own >= n:  # the usual decode: room left in its last block (no need to count free blocks)
+            return n
         capacity = (len(seq.block_table) + self.block_pool.num_free) * self.block_size
         return max(0, min(n, capacity - seq.num_computed_tokens))
 
@@ -169,14 +173,18 @@ class Scheduler:
         scheduled: list[ScheduledSeq] = []
         taken: set[int] = set()
 
-        order = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
-        for seq in order:
+        decodes: list[Sequence] = []
+        prefills: list[Sequence] = []
+        for seq in self.running:
+            (decodes if seq.is_decoding else prefills).append(seq)
+        for seq in itertools.chain(decodes, prefills):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
+            uncomputed = seq.num_uncomputed_tokens  # fixed for this sequence while it is being scheduled
             spec = min(self._spec_slots(seq), max(0, budget - 1))
-            n = min(seq.num_uncomputed_tokens + spec, budget)
+            n = min(uncomputed + spec, budget)
             fit = self._fits(seq, n)
             while fit < n:
                 victims = [s for s in self.running if id(s) not in taken and s is not seq]
@@ -187,8 +195,9 @@ class Scheduler:
             if fit == 0:
                 self._preempt(seq)
                 continue
-            spec = max(0, fit - seq.num_uncomputed_tokens)
-            fit = self._aligned(seq, fit - spec) + spec
+            spec = max(0, fit - uncomputed)
+            if fit < uncomputed:  # a prefill chunk that stops short of the known tokens (spec is 0)
+                fit = self._aligned(seq, fit)
             self.allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit, num_spec=spec))
             taken.add(id(seq))

@@ -1,0 +1,182 @@
+"""Where a decode step's host time goes: per-phase medians of `LLMEngine.step`, without cProfile.
+
+    python scripts/profile-host.py MODEL_DIR [--device cpu] [--batch 256] [--prompt-len 100] [--new-tokens 64]
+        [engine args as key=value, e.g. dtype=float32 max_model_len=1024 load_format=dummy enforce_eager=true]
+
+Queues `batch` requests of `prompt-len` random tokens (greedy, `new-tokens` each, EOS ignored) after a
+warm-up, steps until every request decodes, then times each decode step. The engine carries no timing
+code: this script wraps its methods (scheduler.schedule, runner.stage, engine._execute, engine._sample)
+on the instance and prints the median milliseconds per step of each phase as JSON:
+
+- schedule: Scheduler.schedule
+- stage: ModelRunner.stage (the host buffers of the step)
+- launch: the rest of the runner's step: upload, forward and logits (on CPU this is the forward itself;
+  on CUDA only the kernel launches, or the graph replay)
+- gpu_wait (CUDA): the host blocked on the GPU before sampling; measured by synchronizing the stream at the
+  start of _sample, where the sampler's own sync (`tolist`) would otherwise wait
+- sample: the rest of _sample (sampling kernels, their sync, logprobs)
+- postprocess: the rest of step (settling blocks, appending tokens, stop checks, events)
+- step: the whole step
+- gpu_busy / gpu_idle (CUDA, from CUDA events): from the step's first upload to the end of its sampling,
+  and from the previous step's end to this step's first upload -- the time the GPU waits for the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from governor.engine import LLM, SamplingParams
+
+
+def _value(v: str) -> object:
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+class PhaseTimer:
+    """Wall time per phase of the current step, summed over calls (a phase may run more than once)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.current[name] += time.perf_counter() - t0
+        return timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=100)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("engine_args", nargs="*", help="EngineConfig fields as key=value")
+    a = ap.parse_intermixed_args()
+    kwargs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in a.engine_args)}
+    kwargs.setdefault("max_model_len", a.prompt_len + a.new_tokens + 16)
+    kwargs.setdefault("max_num_seqs", max(a.batch, 1))
+    llm = LLM(a.model, device=a.device, **kwargs)
+    eng = llm.engine
+    cuda = eng.device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(eng.device)
+
+    rng = random.Random(a.seed)
+    vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
+
+    def prompt() -> list[int]:
+        return [rng.randrange(2, vocab) for _ in range(a.prompt_len)]
+
+    # Warm-up: a few requests through prefill and decode (allocator, kernels, graphs).
+    llm.generate([prompt() for _ in range(min(a.batch, 4))],
+                 SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+
+    timer = PhaseTimer()
+    sched, runner = eng.scheduler, eng.runner
+    inner_execute = eng._execute
+    sched.schedule = timer.wrap("schedule", sched.schedule)  # type: ignore[method-assign]
+    runner.stage = timer.wrap("stage", runner.stage)  # type: ignore[method-assign]
+    eng._execute = timer.wrap("execute", inner_execute)  # type: ignore[method-assign]
+
+    # CUDA: an event when the step's GPU work starts (its first upload, after staging) and one when its
+    # sampling is done; the gap from one step's end to the next one's start is GPU idle time.
+    starts: list[torch.cuda.Event] = []
+    ends: list[torch.cuda.Event] = []
+    if cuda:
+        inner_upload = runner._upload
+
+        def upload(*args: Any, **kwargs: Any) -> Any:
+            if len(starts) == len(ends):  # the step's first upload (not a padding one)
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                starts.append(ev)
+            return inner_upload(*args, **kwargs)
+        runner._upload = upload  # type: ignore[method-assign]
+
+    inner_sample = eng._sample
+
+    def sample(*args: Any, **kwargs: Any) -> Any:
+        if cuda:
+            t0 = time.perf_counter()
+            torch.cuda.current_stream(eng.device).synchronize()
+            timer.current["gpu_wait"] += time.perf_counter() - t0
+        out = inner_sample(*args, **kwargs)
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ends.append(ev)
+        return out
+    eng._sample = timer.wrap("_sample", sample)  # type: ignore[method-assign]
+
+    params = SamplingParams(temperature=0.0, max_tokens=a.new_tokens, ignore_eos=True)
+    for i in range(a.batch):
+        eng.add_request(f"p{i}", prompt(), params)
+    while sched.waiting or any(not s.is_decoding for s in sched.running):  # prefill steps, untimed
+        eng.step()
+    sync()
+    timer.current.clear()
+    starts.clear()
+    ends.clear()
+
+    step_ms: list[float] = []
+    while eng.has_unfinished_requests():
+        t0 = time.perf_counter()
+        eng.step()
+        step_ms.append((time.perf_counter() - t0) * 1e3)
+        timer.steps.append(dict(timer.current))
+        timer.current.clear()
+    sync()
+
+    rows = []
+    for s, total in zip(timer.steps, step_ms, strict=True):
+        ms = {k: v * 1e3 for k, v in s.items()}
+        launch = ms.get("execute", 0.0) - ms.get("stage", 0.0)
+        sampled = ms.get("_sample", 0.0) - ms.get("gpu_wait", 0.0)
+        row = {"schedule": ms.get("schedule", 0.0), "stage": ms.get("stage", 0.0), "launch": launch,
+               "sample": sampled, "postprocess": total - ms.get("schedule", 0.0) - ms.get("execute", 0.0)
+               - ms.get("_sample", 0.0), "step": total}
+        if cuda:
+            row["gpu_wait"] = ms.get("gpu_wait", 0.0)
+        rows.append(row)
+    if cuda:
+        for i, (st, en) in enumerate(zip(starts, ends, strict=True)):
+            rows[i]["gpu_busy"] = st.elapsed_time(en)
+            if i:
+                rows[i]["gpu_idle"] = ends[i - 1].elapsed_time(st)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    medians = {k: round(statistics.median(r[k] for r in rows if k in r), 4) for k in keys}
+    report = {"device": str(eng.device), "batch": a.batch, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
+              "cuda_graphs": runner.graphs is not None, "timed_steps": len(rows), "median_ms": medians}
+    print(json.dumps(report, indent=1))
+    llm.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""ModelRunner.stage: the batched decode rows and the incremental block-table writes fill the host buffers
+exactly as a straightforward per-row staging does, over long random runs of a real scheduler (decodes,
+chunked prefills, speculative drafts with rejections, preemption, prefix-cache hits, finishing sequences
+that shift the rows, block tables that grow, shrink and are rebuilt)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from governor.engine.config import Knobs
+from governor.engine.kv.block_pool import BlockPool
+from governor.engine.runner import ModelRunner, StepShape
+from governor.engine.sampling_params import SamplingParams
+from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from governor.engine.sequence import Sequence
+
+BLOCK_SIZE = 4
+MAX_MODEL_LEN = 64
+MAX_SEQS = 8
+MAX_TOKENS = 32
+MAX_SPEC = 3
+
+
+def reference_stage(r: ModelRunner, out: SchedulerOutput) -> StepShape:
+    """Per-row staging written the plain way: every row's tokens, positions, slots and whole block table."""
+    ids, pos, slots = r.h_input_ids.numpy(), r.h_positions.numpy(), r.h_slots.numpy()
+    bt, lens, qsl = r.h_block_tables.numpy(), r.h_seq_lens.numpy(), r.h_qsl.numpy()
+    lidx = r.h_logits_idx.numpy()
+    bs = r.block_size
+    t = n_sample = num_decodes = max_q = width = 0
+    qsl[0] = 0
+    for i, s in enumerate(out.scheduled):
+        seq, n = s.seq, s.num_new_tokens
+        start = seq.num_computed_tokens
+        p = np.arange(start, start + n)
+        table = np.asarray(seq.block_table, dtype=np.int64)
+        known = n - len(s.draft_tokens)
+        ids[t:t + known] = (seq.prompt_token_ids + seq.output_token_ids)[start:start + known]
+        ids[t + known:t + n] = s.draft_tokens
+        pos[t:t + n] = p
+        slots[t:t + n] = table[p // bs] * bs + p % bs
+        bt[i, :len(table)] = table
+        width = max(width, len(table))
+        lens[i] = start + n
+        t += n
+        qsl[i + 1] = t
+        max_q = max(max_q, n)
+        if n == 1 and num_decodes == i:
+            num_decodes += 1
+        m = s.num_logits
+        lidx[n_sample:n_sample + m] = np.arange(t - m, t)
+        n_sample += m
+    return StepShape(t, len(out.scheduled), num_decodes, max_q, n_sample, width)
+
+
+def make_runner() -> ModelRunner:
+    # Staging never touches the model or the KV cache.
+    model: Any = None
+    return ModelRunner(model, [], BLOCK_SIZE, MAX_TOKENS, MAX_SEQS, MAX_MODEL_LEN, torch.device("cpu"),
+                       max_spec_tokens=MAX_SPEC)
+
+
+def host_buffers(r: ModelRunner) -> dict[str, np.ndarray]:
+    return {name: getattr(r, name).numpy() for name in
+            ("h_input_ids", "h_positions", "h_slots", "h_block_tables", "h_seq_lens", "h_qsl", "h_logits_idx")}
+
+
+def advance(sched: Scheduler, out: SchedulerOutput, rng: random.Random) -> None:
+    """What a step does to the sequences, as LLMEngine.step does it, with random tokens and acceptances."""
+    for s in out.scheduled:
+        seq = s.seq
+        seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
+        if not s.samples:
+            sched.trim_blocks(seq)
+            sched.cache_computed_blocks(seq)
+            continue
+        accepted = rng.randint(0, len(s.draft_tokens))
+        seq.num_computed_tokens += accepted
+        sched.trim_blocks(seq)  # releases the slots of rejected drafts: the next step may get other blocks
+        sched.cache_computed_blocks(seq)
+        seq.output_token_ids.extend([*s.draft_tokens[:accepted], rng.randrange(50)])
+        if seq.num_tokens >= MAX_MODEL_LEN - 1 - MAX_SPEC or len(seq.output_token_ids) >= seq.max_tokens:
+            sched.finish(seq, "length")
+    for seq in list(sched.running):  # finish a few early: the remaining rows shift up
+        if rng.random() < 0.03:
+            sched.finish(seq, "stop")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stage_fills_the_same_buffers_as_a_per_row_reference_over_random_schedules(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = BlockPool(24)  # small: sequences are preempted and blocks reused under other sequences
+    knobs = Knobs(max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS, num_speculative_tokens=0)
+    sched = Scheduler(pool, BLOCK_SIZE, knobs, enable_prefix_caching=True, max_model_len=MAX_MODEL_LEN)
+    fast, ref = make_runner(), make_runner()
+    prefixes = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]  # shared prompts: cache hits
+    seen = {"decode_rows": 0, "prefill_rows": 0, "draft_rows": 0, "preemptions": 0, "grown_tables": 0}
+    for step in range(400):
+        if rng.random() < 0.3:
+            prompt = rng.choice(prefixes)[:rng.randint(1, 12)] + [rng.randrange(50) for _ in range(rng.randint(0, 20))]
+            seq = Sequence(f"r{step}", step, prompt or [1], SamplingParams(temperature=0.0), rng.randint(1, 20))
+            seq.cache_seed = b"seed"
+            sched.add(seq)
+        knobs.num_speculative_tokens = rng.choice([0, 0, 1, MAX_SPEC])
+        knobs.max_num_batched_tokens = rng.choice([MAX_TOKENS, 16, 5])
+        tables_before = {id(s): len(s.block_table) for s in sched.running}
+        out = sched.schedule()
+        for s in out.scheduled:
+            s.set_drafts([rng.randrange(50) for _ in range(rng.randint(0, s.num_spec))])
+            if len(s.seq.block_table) > tables_before.get(id(s.seq), len(s.seq.block_table)):
+                seen["grown_tables"] += 1
+        if not out.scheduled:
+            continue
+
+        assert fast.stage(out) == reference_stage(ref, out)
+        for name, want in host_buffers(ref).items():
+            np.testing.assert_array_equal(host_buffers(fast)[name], want, err_msg=f"{name} at step {step}")
+
+        seen["decode_rows"] += sum(s.num_new_tokens == 1 for s in out.scheduled)
+        seen["draft_rows"] += sum(bool(s.draft_tokens) for s in out.scheduled)
+        seen["prefill_rows"] += sum(s.num_new_tokens > 1 and not s.draft_tokens for s in out.scheduled)
+        advance(sched, out, rng)
+    seen["preemptions"] = sched.num_preemptions
+    assert all(v > 0 for v in seen.values()), seen  # the run exercised every kind of row and event
+
+
+def test_a_table_trimmed_and_regrown_to_the_same_length_is_rewritten() -> None:
+    """The case a length-based shortcut gets wrong: rejected drafts' blocks are released and the next
+    step's table reaches the same length with a different last block."""
+    runner = make_runner()
+    seq = Sequence("a", 0, [1, 2, 3, 4, 5], SamplingParams(temperature=0.0), 10)
+    seq.block_table = [7, 3]
+    seq.num_computed_tokens = 4
+    out = SchedulerOutput([ScheduledSeq(seq, 1)])
+    runner.stage(out)
+    seq.block_table[1] = 9  # same length, other block: e.g. trimmed, freed and reallocated in place
+    runner.stage(out)
+    assert runner.h_block_tables.numpy()[0, :2].tolist() == [7, 9]
+    assert runner.h_slots.numpy()[0] == 9 * BLOCK_SIZE + 0
