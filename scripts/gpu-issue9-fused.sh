@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Issue 9, after the fused elementwise kernels, per-sequence split-KV partitions and the host-time cuts, on one
+# GPU through the device tool:
+#   run(command="bash scripts/gpu-issue9-fused.sh", carry=[".whl"], timeout_s=600)
+# 1. tests: the GPU tests of the fused kernels, paged attention, CUDA graphs and the engine.
+# 2. latency: `governor bench latency`, llama3-8b shape, 512-token context, batch 1/8/32, CUDA graphs (the
+#    roofline is weight bytes over a 1 GiB device-to-device copy measured in the same process).
+# 3. profile-b1: CUDA kernel time by kernel of batch-1 decode steps (scripts/profile-decode.py).
+# 4. throughput: qwen3-0.6b shape, 256 prompts, input 100, output 1024, ignore_eos, the engine (defaults).
+# 5. host: per-phase host time of batch-256 decode steps (scripts/profile-host.py), qwen3-0.6b shape.
+# 6. profile-b256: kernel time by kernel at batch 256, qwen3-0.6b shape.
+# 7. hf-static: transformers generate on the same workload, static cache, batch 256 (the baseline).
+# Stages run in that order under one deadline (DEADLINE_S, default 560 s); each gets min(its limit, what is
+# left) and is skipped when too little is left; results land under $OUT as they come.
+# DRY=1 runs the same flow on CPU with the tiny preset and tiny workloads (to check the script only).
+set -uo pipefail
+T0=$SECONDS
+DEADLINE_S=${DEADLINE_S:-560}
+if [ "${DRY:-0}" = 1 ]; then
+  OUT=${OUT:-/tmp/issue9f-dry}
+  mkdir -p "$OUT"
+  export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=1
+  L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
+  LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
+  W=(--num-prompts 8 --input-len 10:10 --output-len 12:12) HF_BATCH=8
+  PROF1=(--batch 1 --context 16 --steps 3 device=cpu dtype=float32 load_format=dummy)
+  PROF256=(--batch 4 --context 16 --steps 3 device=cpu dtype=float32)
+  HOST=(--device cpu --batch 8 --prompt-len 16 --new-tokens 8 dtype=float32)
+else
+  . scripts/gpu-env.sh
+  python3 -c "import torch, triton, transformers, platform; print('torch', torch.__version__, 'cuda', \
+torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'python', \
+platform.python_version())" | tee -a "$OUT/gpu.txt"
+  L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
+  LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
+  W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
+  PROF1=(--batch 1 --context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
+  PROF256=(--batch 256 --context 512 --steps 20 dtype=bfloat16 max_num_batched_tokens=16384)
+  HOST=(--batch 256 --prompt-len 512 --new-tokens 40 dtype=bfloat16 max_num_batched_tokens=16384)
+fi
+LM=/tmp/issue9f/llama-$L QM=/tmp/issue9f/qwen3-$Q R=/tmp/issue9f/results
+mkdir -p "$R"
+exec > >(tee -a "$OUT/run.log") 2>&1
+cp "$OUT/gpu.txt" "$R/" 2>/dev/null || true
+quiet() { grep -vE "Writing model shards|Loading|INFO governor|it/s\]|Warning: |generation flags" || true; }
+FAILED=()
+LIMIT=60
+stage() {  # stage NAME MAX_S MIN_S COMMAND...: run under min(MAX_S, time left); skip if less than MIN_S is left
+  local name=$1 max=$2 min=$3 t0=$SECONDS
+  shift 3
+  local left=$((DEADLINE_S - (SECONDS - T0)))
+  LIMIT=$((left < max ? left : max))
+  if [ "$LIMIT" -lt "$min" ]; then
+    echo "=== $name: SKIPPED ($left s left of the deadline, needs $min)"; FAILED+=("$name(skipped)"); return
+  fi
+  echo "=== $name: start $(date -u +%H:%M:%SZ), limit $LIMIT s"
+  if "$@"; then echo "=== $name: ok in $((SECONDS - t0)) s"
+  else echo "=== $name: FAILED or cut off in $((SECONDS - t0)) s"; FAILED+=("$name"); fi
+  tar czf "$OUT/results.tgz" -C "$R" .
+}
+run_py() {  # run_py LOG ARGS...: python3 ARGS under the stage's limit, output to $R/LOG.log
+  local log=$R/$1.log rc
+  shift
+  timeout -k 10 "$LIMIT" python3 "$@" >"$log" 2>&1
+  rc=$?
+  quiet <"$log" | tail -n 45
+  [ $rc -eq 0 ] || echo "(exit $rc; 124 = cut off at $LIMIT s)"
+  return $rc
+}
+tests() {
+  [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }
+  run_py gpu-tests -m pytest -q -m gpu -p no:cacheprovider -rs --durations=5 tests/test_kernels_elementwise.py \
+    tests/test_kernels_paged_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py
+}
+models() {
+  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
+    --no-weights --dtype bfloat16 || return 1
+  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
+}
+latency() {
+  run_py latency -m governor.engine bench latency --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" \
+    --output-json "$R/latency.json" && [ -s "$R/latency.json" ]
+}
+prof() { run_py "profile-$1" scripts/profile-decode.py "$2" "$R/profile-$1.json" "${@:3}"; }
+thr() {  # thr TAG ARGS...: one `bench throughput`, JSON to $R/thr-TAG.json
+  local tag=$1
+  shift
+  run_py "thr-$tag" -m governor.engine bench throughput --model "$QM" "${W[@]}" "${DEV[@]}" "$@" \
+    --output-json "$R/thr-$tag.json" && [ -s "$R/thr-$tag.json" ]
+}
+host() { run_py host scripts/profile-host.py "$QM" "${HOST[@]}"; }
+
+stage tests 200 60 tests
+stage models 60 10 models
+stage latency 120 40 latency
+stage profile-b1 60 30 prof b1 "$LM" "${PROF1[@]}"
+stage throughput 120 40 thr governor
+stage host 60 20 host
+stage profile-b256 60 30 prof b256 "$QM" "${PROF256[@]}"
+stage hf-static 180 100 thr hf-static-$HF_BATCH --backend hf --hf-batch-size $HF_BATCH \
+  --hf-cache-implementation static --hf-warmup-tokens 32 --hf-progress-every 256
+
+python3 - "$R" <<'EOF' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+f = out / "latency.json"
+if f.exists():
+    r = json.loads(f.read_text())["result"]
+    e = r["engine"]
+    print(f"latency: cuda_graphs={e['cuda_graphs']} hbm_copy_gb_per_s={e.get('hbm_copy_gb_per_s', 0):.0f}")
+    for x in r["rows"]:
+        print(f"  batch {x['batch']}: {x['ms_per_token_p50']:.2f} ms/token p50 (p90 {x['ms_per_token_p90']:.2f}), "
+              f"GPU {x.get('forward_ms_p50', 0):.2f} ms, roofline {x.get('roofline_ms', 0):.2f} ms = "
+              f"{100 * x.get('roofline_fraction_p50', 0):.0f}%, TTFT {x['ttft_ms']:.0f} ms")
+for p in sorted(out.glob("profile-*.json")):
+    r = json.loads(p.read_text())
+    print(f"{p.stem}: {r['kernel_ms_per_step']:.2f} ms kernels/step, {r['kernels_per_step']:.0f} kernels/step")
+    for k in r["kernels"][:8]:
+        print(f"  {k['ms_per_step']:.3f} ms x{k['per_step']:.0f}  {k['name'][:90]}")
+for t in sorted(out.glob("thr-*.json")):
+    r = json.loads(t.read_text())["result"]
+    print(f"{t.stem}: {r['output_tokens_per_s']:.0f} output tok/s, {r['generated_tokens']} tokens in "
+          f"{r['elapsed_s']:.2f} s" + (f", {r['engine']['steps']} steps" if "engine" in r and "steps" in r["engine"]
+                                       else ""))
+EOF
+cp "$OUT/summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .
+echo "total $((SECONDS - T0)) s"
+if [ ${#FAILED[@]} -gt 0 ]; then echo "failed or skipped stages: ${FAILED[*]}"; exit 1; fi
