@@ -95,10 +95,10 @@ def _inputs(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, see
 
 def effective_num_splits(case: AttentionCase, device: torch.device) -> int:
     """The split count `paged_decode_attention` runs for this case (its automatic choice, rounded to tiles)."""
-    from governor.kernels.paged_attention import decode_partitions
+    from governor.kernels.paged_attention import decode_num_splits
 
     bound = -(-case.context // case.block_size) * case.block_size  # block-table capacity, as the kernel sizes it
-    return decode_partitions(case.batch * case.num_kv_heads, bound, device, case.num_splits)[0]
+    return decode_num_splits(case.batch * case.num_kv_heads, bound, device, case.num_splits)
 
 
 def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:

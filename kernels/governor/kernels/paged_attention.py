@@ -54,13 +54,11 @@ _FP8_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # q/out dtypes o
 
 # Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
 _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
-# Decode over an fp8 cache: a tile of half the bytes, so long partitions take twice the keys a step (a
-# multiple of _TILE_N: partitions are _TILE_N-aligned). On an H100 (docs/benchmarks.md, issue 9) 128 keys
-# read partitions of 4,096 tokens and more 20-37% faster than 64; on 1,408-token ones two runs disagreed
-# (20% slower, then 13% faster), so shorter partitions keep 64 until measured again.
-_DECODE_TILE_N_FP8 = 64
-_DECODE_TILE_N_FP8_LONG = 128
-_FP8_LONG_PARTITION = 4096  # tokens; partitions at least this long get _DECODE_TILE_N_FP8_LONG
+# Decode over an fp8 cache: a tile of half the bytes, so it takes twice the keys a step (a multiple of
+# _TILE_N; a tile may run past a _TILE_N-aligned partition's end: masked). On an H100 (docs/benchmarks.md,
+# issue 9), against 64 keys: batch 256 at 1K context 66% -> 79% of HBM copy bandwidth, batch 32 at 4K
+# 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat 8 on every fp8 shape measured.
+_DECODE_TILE_N_FP8 = 128
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
@@ -750,19 +748,18 @@ def _partition_size(seq_len, num_splits, TILE_ALIGN: tl.constexpr):
     return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_ALIGN), 1) * TILE_ALIGN
 
 
-def decode_partitions(programs: int, context_bound: int, device: torch.device,
-                      num_splits: int | None = None) -> tuple[int, int]:
-    """(splits, partition size in tokens at `context_bound`) the decode kernel runs for `programs` (sequence,
-    KV head) pairs over contexts of at most `context_bound` tokens: `num_splits` (default: the automatic
-    choice) rounded so that each partition is whole _TILE_N tiles (a longer fp8 tile may run past a
-    partition's end: masked). Each sequence's partitions are sized from its own length the same way
-    (`_partition_size`), so a shorter sequence spreads over all splits in smaller partitions."""
+def decode_num_splits(programs: int, context_bound: int, device: torch.device, num_splits: int | None = None) -> int:
+    """The split-KV partitions the decode kernel runs for `programs` (sequence, KV head) pairs over contexts of
+    at most `context_bound` tokens: `num_splits` (default: the automatic choice) rounded so that each
+    partition of a `context_bound`-token sequence is whole _TILE_N tiles. Each sequence's partitions are
+    sized from its own length the same way (`_partition_size`), so a shorter one spreads over every split
+    in smaller partitions."""
     if num_splits is None:
         num_splits = _choose_num_splits(programs, context_bound, device)
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
     partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
-    return -(-context_bound // partition_size), partition_size
+    return -(-context_bound // partition_size)
 
 
 def paged_decode_attention(
@@ -804,7 +801,7 @@ def paged_decode_attention(
     block_size = k_cache.shape[1]
     context_bound = block_tables.shape[1] * block_size if max_seq_len is None else max_seq_len
     context_bound = max(context_bound, 1)
-    num_splits, partition_size = decode_partitions(batch * num_kv_heads, context_bound, q.device, num_splits)
+    num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits)
     split = num_splits > 1
 
     if split:
@@ -817,9 +814,6 @@ def paged_decode_attention(
         part_acc = part_m = part_l = out
 
     fp8 = k_cache.dtype == FP8_KV_DTYPE
-    tile_n = _TILE_N
-    if fp8:
-        tile_n = _DECODE_TILE_N_FP8_LONG if partition_size >= _FP8_LONG_PARTITION else _DECODE_TILE_N_FP8
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
         k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
@@ -830,7 +824,7 @@ def paged_decode_attention(
         GROUP=group,
         GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
-        TILE_N=tile_n,
+        TILE_N=_DECODE_TILE_N_FP8 if fp8 else _TILE_N,
         HEAD_DIM=head_dim,
         SPLIT=split,
         TILE_ALIGN=_TILE_N,
