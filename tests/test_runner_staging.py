@@ -6,12 +6,14 @@ that shift the rows, block tables that grow, shrink and are rebuilt)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+import governor.engine.runner as runner_module
 from governor.engine.config import Knobs
 from governor.engine.kv.block_pool import BlockPool
 from governor.engine.runner import ModelRunner, StepShape
@@ -74,8 +76,9 @@ def advance(sched: Scheduler, out: SchedulerOutput, rng: random.Random) -> None:
     """What a step does to the sequences, as LLMEngine.step does it, with random tokens and acceptances."""
     for s in out.scheduled:
         seq = s.seq
+        samples = s.samples  # asked before the advance, as the engine does
         seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
-        if not s.samples:
+        if not samples:
             sched.trim_blocks(seq)
             sched.cache_computed_blocks(seq)
             continue
@@ -142,3 +145,74 @@ def test_a_table_trimmed_and_regrown_to_the_same_length_is_rewritten() -> None:
     runner.stage(out)
     assert runner.h_block_tables.numpy()[0, :2].tolist() == [7, 9]
     assert runner.h_slots.numpy()[0] == 9 * BLOCK_SIZE + 0
+
+
+# --- upload: one staging buffer, one copy; logits rows ------------------------------------------
+
+def random_steps(seed: int, steps: int = 150) -> Iterator[tuple[ModelRunner, SchedulerOutput]]:
+    """A runner and each step of a random schedule (decodes, chunked prefills, drafts, preemptions, and
+    after the arrivals stop, steps of decodes alone), for the caller to stage; the sequences advance
+    after the caller's turn."""
+    rng = random.Random(seed)
+    pool = BlockPool(40)
+    knobs = Knobs(max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS, num_speculative_tokens=0)
+    sched = Scheduler(pool, BLOCK_SIZE, knobs, enable_prefix_caching=True, max_model_len=MAX_MODEL_LEN)
+    runner = make_runner()
+    for step in range(steps):
+        if step < steps // 2 and rng.random() < 0.3:
+            prompt = [rng.randrange(50) for _ in range(rng.randint(1, 16))]
+            sched.add(Sequence(f"r{step}", step, prompt, SamplingParams(temperature=0.0), rng.randint(1, 20)))
+        knobs.num_speculative_tokens = rng.choice([0, 0, MAX_SPEC])
+        out = sched.schedule()
+        for s in out.scheduled:
+            s.set_drafts([rng.randrange(50) for _ in range(rng.randint(0, s.num_spec))])
+        if out.scheduled:
+            yield runner, out
+            advance(sched, out, rng)
+
+
+@pytest.mark.parametrize("merge_gap", [0, 1 << 30])  # a copy per used field; one copy of the whole span
+def test_one_buffer_upload_gives_each_device_field_what_per_field_copies_give(
+        merge_gap: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "_MERGE_GAP_BYTES", merge_gap)
+    addresses = None
+    for runner, out in random_steps(seed=1):
+        shape = runner.stage(out)
+        runner._upload(shape)
+        t, b, nd, n = shape.num_tokens, shape.num_seqs, shape.num_decodes, shape.num_logits
+        h = runner.host
+        expected = {"input_ids": h.input_ids[:t], "positions": h.positions[:t], "slots": h.slots[:t],
+                    "block_tables": h.block_tables[:b], "seq_lens": h.seq_lens[:b], "qsl": h.qsl[:b + 1],
+                    "logits_idx": h.logits_idx[:n], "prefill_qsl": h.qsl[nd:b + 1] - h.qsl[nd]}
+        for name, want in expected.items():  # what `dst[:k].copy_(src[:k])` per field would leave
+            np.testing.assert_array_equal(getattr(runner, name)[:len(want)].numpy(), want, err_msg=name)
+        assert (len(runner._upload_ranges(shape)) == 1) == bool(merge_gap)
+        # Every field is a fixed view of the one device buffer (the addresses CUDA graphs capture).
+        now = {name: getattr(runner, name).data_ptr() for name in expected}
+        assert addresses is None or now == addresses
+        addresses = now
+        base = runner.buffer.data_ptr()
+        assert all(base <= p < base + runner.buffer.numel() for p in now.values())
+
+
+class RowsModel:
+    """A token's hidden state is (position, token id); logits are the hidden states: shows which rows came."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Any, meta: Any) -> torch.Tensor:
+        return torch.stack([positions.double(), input_ids.double()], dim=1)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.clone()
+
+
+def test_execute_returns_the_rows_of_the_staged_logits_indices_with_or_without_a_gather() -> None:
+    kinds = {"every_token": 0, "gathered": 0}
+    for runner, out in random_steps(seed=2):
+        runner.model = RowsModel()  # type: ignore[assignment]
+        logits = runner.execute(out).numpy()
+        h, n = runner.host, len(logits)
+        rows = h.logits_idx[:n]
+        np.testing.assert_array_equal(logits, np.stack([h.positions[rows], h.input_ids[rows]], axis=1))
+        assert n == sum(s.num_logits for s in out.scheduled)
+        kinds["every_token" if n == sum(s.num_new_tokens for s in out.scheduled) else "gathered"] += 1
+    assert all(kinds.values()), kinds

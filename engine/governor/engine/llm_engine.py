@@ -7,7 +7,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -20,7 +20,7 @@ from governor.engine.models.checkpoint import model_digest, tokenizer_digest
 from governor.engine.models.model_config import load_model_config
 from governor.engine.outputs import CompletionOutput, RequestOutput, StepResult, TokenEvent
 from governor.engine.runner import broadcast_shutdown
-from governor.engine.sampler import sample, token_logprobs
+from governor.engine.sampler import argmax_only, greedy_tokens, sample, token_logprobs
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence
@@ -52,10 +52,22 @@ class _Request:
     seq: Sequence
     prompt: str | None
     arrival: float  # time.monotonic() at add_request
-    deadline: float | None = None  # time.monotonic() after which the request ends with "timeout"
+    # From the sampling parameters, once, for the per-token stop checks:
+    stop_ids: frozenset[int]  # token ids that end it: its stop_token_ids, and EOS unless ignore_eos
+    stop_strings: list[str]
+    max_output: int  # output tokens at which it ends with "length": max_tokens, or what max_model_len leaves
+    argmax_only: bool  # greedy without logprobs (sampler.argmax_only)
     detok: IncrementalDetokenizer | None = None
     emitted: int = 0  # characters of detok.text already handed out as deltas
     final_text: str | None = None
+
+
+class _Sampled(NamedTuple):
+    """A step's new tokens, flat in sampling order: each sequence's accepted drafts, then its sampled token."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, float] | None] | None  # one per token; None when no request asked for any
+    counts: list[int] | None  # tokens per sequence; None when each got one (the step has no drafts)
 
 
 class LLMEngine:
@@ -148,8 +160,13 @@ class LLMEngine:
         self.spec_accepted_by_position = [0] * config.spec_cap
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
-        self.eos_token_ids = set(self.model_config.eos_token_ids)
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
         self._requests: dict[str, _Request] = {}
+        # Invariant: how many requests in _requests are not argmax_only. While none is, a step without
+        # drafts samples with one argmax and no per-row work (`_sample`).
+        self._num_not_argmax = 0
+        # time.monotonic() after which a request ends with "timeout", for the live requests given one.
+        self._deadlines: dict[str, float] = {}
         self._arrivals = itertools.count()
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
 
@@ -268,9 +285,16 @@ class LLMEngine:
             seq.cache_seed = self.cache_seed(cache_salt)
         now = time.monotonic()
         detok = None
-        if stream_text or params.stop_strings:
+        stop_strings = params.stop_strings
+        if stream_text or stop_strings:
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        self._requests[request_id] = _Request(seq, text, now, now + timeout_s if timeout_s else None, detok)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        req = _Request(seq, text, now, stop_ids, stop_strings, min(max_tokens, self.max_model_len - len(ids)),
+                       argmax_only(params), detok)
+        self._requests[request_id] = req
+        self._num_not_argmax += not req.argmax_only
+        if timeout_s:
+            self._deadlines[request_id] = now + timeout_s
         self.scheduler.add(seq)
         self.counters["prompt_tokens"] += len(ids)
 
@@ -279,7 +303,7 @@ class LLMEngine:
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
         """End a request now (client gone, deadline passed), freeing its blocks. None if unknown."""
-        req = self._requests.pop(request_id, None)
+        req = self._forget(request_id)
         if req is None:
             return None
         self.scheduler.finish(req.seq, reason)
@@ -320,60 +344,80 @@ class LLMEngine:
         if not out.scheduled:
             return result
         now = time.monotonic()
-        for s in out.scheduled:
-            if s.seq.first_scheduled_at is None:
-                s.seq.first_scheduled_at = now
+        for seq in out.admitted:  # only a sequence taken from the queue can be scheduled for the first time
+            if seq.first_scheduled_at is None:
+                seq.first_scheduled_at = now
         draft_probs = self._propose(out.scheduled)
         logits = self._execute(out)
         self.counters["steps"] += 1
-        sampling = [s for s in out.scheduled if s.samples]
-        # A sampling sequence's logits rows (its num_logits): its last known token and each draft.
-        rows = list(itertools.accumulate((1 + len(s.draft_tokens) for s in sampling), initial=0))
+        sampling: list[ScheduledSeq] = []
+        settle = self.scheduler.settle_blocks
         for s in out.scheduled:  # KV of known tokens is now written; drafts are settled after verification
+            if s.samples:
+                sampling.append(s)
             s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
             if not s.draft_tokens:
-                self._settle_blocks(s.seq)
-        token_lists = self._sample(sampling, logits, rows, draft_probs)
-        for s, (tokens, lps) in zip(sampling, token_lists, strict=True):
-            seq = s.seq
-            if s.draft_tokens:
-                self._settle_drafts(s, num_accepted=len(tokens) - 1)
-            req = self._requests[seq.request_id]
-            for token, lp in zip(tokens, lps, strict=True):
-                seq.output_token_ids.append(token)
-                if lp is not None:
-                    seq.logprobs.append(lp)
-                self.counters["generation_tokens"] += 1
-                if req.detok is not None:
-                    req.detok.add(token)
-                reason = self._check_stop(req, token)
-                if reason is not None:
-                    self._finish(req, reason, result)
-                result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp,
-                                                seq.finish_reason, seq.stop_reason))
-                if reason is not None:
-                    break
+                settle(s.seq)
+        sampled = self._sample(sampling, logits, draft_probs)
+        tokens, lps, requests, events = sampled.tokens, sampled.logprobs, self._requests, result.events
+        num_events = len(events)
+        if sampled.counts is None:  # one token per sequence: the usual step, without a loop per sequence
+            for s, token, lp in zip(sampling, tokens, lps or [None] * len(tokens), strict=True):
+                self._append_token(requests[s.seq.request_id], token, lp, result)
+        else:
+            at = 0
+            for s, n in zip(sampling, sampled.counts, strict=True):
+                if s.draft_tokens:
+                    self._settle_drafts(s, num_accepted=n - 1)
+                req = requests[s.seq.request_id]
+                for j in range(at, at + n):
+                    if self._append_token(req, tokens[j], lps[j] if lps is not None else None, result):
+                        break  # the tokens after a stop are dropped
+                at += n
+        self.counters["generation_tokens"] += len(events) - num_events  # one event per appended token
         return result
 
-    def _settle_blocks(self, seq: Sequence) -> None:
-        """Once a step's computed count is final (and before the sequence can finish and free them):
-        release slots reserved for drafts that were not used, and cache the newly full blocks."""
-        self.scheduler.trim_blocks(seq)
-        self.scheduler.cache_computed_blocks(seq)
+    def _append_token(self, req: _Request, token: int, lp: dict[int, float] | None, result: StepResult) -> bool:
+        """Append a new token to its request, check the stop conditions and emit the token's event;
+        True when the request finished."""
+        seq = req.seq
+        seq.output_token_ids.append(token)
+        if lp is not None:
+            seq.logprobs.append(lp)
+        if req.detok is not None:
+            req.detok.add(token)
+        reason = self._check_stop(req, token)
+        if reason is None:
+            result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp, None, None))
+            return False
+        self._finish(req, reason, result)
+        result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp, seq.finish_reason,
+                                        seq.stop_reason))
+        return True
 
     def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
         self.scheduler.finish(req.seq, reason)
         if self.proposer is not None:
             self.proposer.release(req.seq)
         self.counters["requests_finished"] += 1
-        self._requests.pop(req.seq.request_id)
+        self._forget(req.seq.request_id)
         result.finished.append(self._output(req))
+
+    def _forget(self, request_id: str) -> _Request | None:
+        """Drop a request from the live ones (and from `_num_not_argmax` and `_deadlines`); None if unknown."""
+        req = self._requests.pop(request_id, None)
+        if req is not None and not req.argmax_only:
+            self._num_not_argmax -= 1
+        self._deadlines.pop(request_id, None)
+        return req
 
     def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
         """Fill each speculative decode's draft slots; returns draft distributions by id(seq) (draft model,
         sampled requests only)."""
-        spec = [s for s in scheduled if s.num_spec > 0]
         probs: dict[int, torch.Tensor] = {}
+        if not self.knobs.num_speculative_tokens:  # the scheduler reserved no draft slots
+            return probs
+        spec = [s for s in scheduled if s.num_spec > 0]
         if not spec or self.proposer is None:
             for s in spec:
                 s.set_drafts([])
@@ -384,18 +428,24 @@ class LLMEngine:
                 probs[id(s.seq)] = q[:len(drafts)]
         return probs
 
-    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor, rows: list[int],
-                draft_probs: dict[int, torch.Tensor]) -> list[tuple[list[int], list[dict[int, float] | None]]]:
-        """Tokens (and logprobs) per sampling sequence: one sampled token, or accepted drafts + one.
-        Sequence i's logits are rows[i]:rows[i + 1]."""
+    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor,
+                draft_probs: dict[int, torch.Tensor]) -> _Sampled:
+        """Tokens (and logprobs) of the sampling sequences: one sampled token each, or accepted drafts + one.
+        Sequence i's logits rows are its last known token's and its drafts', in order."""
+        if len(sampling) == logits.shape[0]:  # no drafts: row i is sequence i's
+            if self._num_not_argmax == 0:
+                # Every request is greedy without logprobs (argmax_only): one argmax, nothing per row.
+                return _Sampled(greedy_tokens(logits), None, None)
+            seqs = [s.seq for s in sampling]
+            sampled = sample(logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator)
+            return _Sampled(sampled.token_ids, sampled.logprobs, None)
+        rows = list(itertools.accumulate((1 + len(s.draft_tokens) for s in sampling), initial=0))
         plain = [i for i, s in enumerate(sampling) if not s.draft_tokens]
         out: list[tuple[list[int], list[dict[int, float] | None]]] = [([], []) for _ in sampling]
         if plain:
             seqs = [sampling[i].seq for i in plain]
-            # Without drafts in the step, row i is sequence i's: no gather (a copy of the logits) needed.
-            all_plain = len(plain) == len(sampling) == logits.shape[0]
-            plain_logits = logits if all_plain else logits[[rows[i] for i in plain]]
-            sampled = sample(plain_logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator)
+            sampled = sample(logits[[rows[i] for i in plain]], [q.params for q in seqs], [q.generator for q in seqs],
+                             self.generator)
             for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
                 out[i] = ([tok], [lp])
         for i, s in enumerate(sampling):
@@ -409,13 +459,14 @@ class LLMEngine:
                 tokens = accept_sampled(p, s.draft_tokens, draft_probs.get(id(seq)), seq.generator)
             lps = token_logprobs(block[:len(tokens)], tokens, [seq.params.logprobs] * len(tokens))
             out[i] = (tokens, lps)
-        return out
+        return _Sampled([t for tokens, _ in out for t in tokens], [lp for _, lps in out for lp in lps],
+                        [len(tokens) for tokens, _ in out])
 
     def _settle_drafts(self, s: ScheduledSeq, num_accepted: int) -> None:
         """Keep the KV of accepted drafts, release the slots of rejected ones, and count."""
         k = len(s.draft_tokens)
         s.seq.num_computed_tokens += num_accepted
-        self._settle_blocks(s.seq)
+        self.scheduler.settle_blocks(s.seq)
         if self.proposer is not None:
             self.proposer.accepted(s.seq, k, num_accepted)
         self.spec_counters["spec_proposed_tokens"] += k
@@ -425,29 +476,30 @@ class LLMEngine:
             self.spec_accepted_by_position[j] += 1
 
     def _expire_deadlines(self, result: StepResult) -> None:
+        if not self._deadlines:
+            return
         now = time.monotonic()
-        for rid in [r for r, req in self._requests.items() if req.deadline is not None and now >= req.deadline]:
+        for rid in [r for r, deadline in self._deadlines.items() if now >= deadline]:
             out = self.abort(rid, "timeout")
             if out is not None:
                 result.finished.append(out)
                 result.events.append(TokenEvent(rid, None, "", None, "timeout", None))
 
     def _check_stop(self, req: _Request, token: int) -> str | None:
-        seq, p = req.seq, req.seq.params
-        if req.detok is not None and p.stop_strings:  # detok first: stop_strings builds a list
+        seq = req.seq
+        if req.stop_strings and req.detok is not None:
             text = req.detok.text
-            hits = [(i, s) for s in p.stop_strings if (i := text.find(s)) >= 0]
+            hits = [(i, s) for s in req.stop_strings if (i := text.find(s)) >= 0]
             if hits:
                 cut, stop = min(hits)
                 seq.stop_reason = stop
                 req.final_text = text[:cut]
                 return "stop"
-        if token in p.stop_token_ids:
-            seq.stop_reason = token
+        if token in req.stop_ids:
+            if token in seq.params.stop_token_ids:  # EOS ends it too, but with no stop_reason
+                seq.stop_reason = token
             return "stop"
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        if len(seq.output_token_ids) >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        if len(seq.output_token_ids) >= req.max_output:
             return "length"
         return None
 
@@ -457,8 +509,8 @@ class LLMEngine:
             return ""
         text = req.final_text if req.final_text is not None else req.detok.text
         end = len(text)
-        if not req.seq.is_finished and req.seq.params.stop_strings:
-            end -= max(len(s) for s in req.seq.params.stop_strings) - 1
+        if not req.seq.is_finished and req.stop_strings:
+            end -= max(len(s) for s in req.stop_strings) - 1
         if end <= req.emitted:
             return ""
         delta = text[req.emitted:end]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import astuple, dataclass
 
 import numpy as np
@@ -22,6 +23,12 @@ _SHUTDOWN, _STEP = 0, 1
 _HEADER_LEN = 7
 _FIRST_MESSAGE_LEN = 2048
 
+_ALIGN = 256  # byte alignment of each field in the staging buffers (as the CUDA allocator aligns tensors)
+# A step's upload copies the used part of each field; neighbouring parts are copied together, unused gap
+# included, when the gap is at most this many bytes: a separate copy costs the host about as long as
+# ~256 KiB takes over PCIe (a few microseconds). So a decode step is one copy.
+_MERGE_GAP_BYTES = 256 * 1024
+
 
 @dataclass
 class StepShape:
@@ -35,11 +42,25 @@ class StepShape:
     table_width: int  # block-table columns any sequence of the step uses
 
 
+@dataclass
+class _HostArrays:
+    """numpy views of the staged host buffers (what `stage` fills), kept to skip a .numpy() per use."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    block_tables: np.ndarray
+    seq_lens: np.ndarray
+    qsl: np.ndarray
+    prefill_qsl: np.ndarray
+    logits_idx: np.ndarray
+
+
 class ModelRunner:
     """Owns the step buffers, sized once for the hard caps (max tokens, max seqs, max blocks per seq).
 
-    Host-side staging arrays are filled with numpy and copied to the device in one transfer per buffer,
-    so the shapes a step sees depend only on the batch, never on Python-side allocation.
+    Host-side staging arrays are filled with numpy and copied to the device in one transfer (they share
+    one buffer), so the shapes a step sees depend only on the batch, never on Python-side allocation.
 
     With a tensor-parallel group (`tp`, size > 1) the runner on rank 0 leads: after staging a step it
     broadcasts the staged buffers over the control group, and each worker's runner (`follow`) receives
@@ -61,29 +82,39 @@ class ModelRunner:
         self.device = device
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         pin = device.type == "cuda"
-
-        def host(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, pin_memory=pin)
-
-        def dev(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, device=device)
-
-        self.h_input_ids = host(max_num_tokens, dtype=torch.int64)
-        self.h_positions = host(max_num_tokens, dtype=torch.int64)
-        self.h_slots = host(max_num_tokens, dtype=torch.int64)
-        self.h_block_tables = host(max_num_seqs, self.max_blocks_per_seq, dtype=torch.int32)
-        self.h_seq_lens = host(max_num_seqs, dtype=torch.int32)
-        self.h_qsl = host(max_num_seqs + 1, dtype=torch.int32)
         self.max_logits = max_num_seqs * (1 + max_spec_tokens)
-        self.h_logits_idx = host(self.max_logits, dtype=torch.int64)
-        self.input_ids = dev(max_num_tokens, dtype=torch.int64)
-        self.positions = dev(max_num_tokens, dtype=torch.int64)
-        self.slots = dev(max_num_tokens, dtype=torch.int64)
-        self.block_tables = dev(max_num_seqs, self.max_blocks_per_seq, dtype=torch.int32)
-        self.seq_lens = dev(max_num_seqs, dtype=torch.int32)
-        self.qsl = dev(max_num_seqs + 1, dtype=torch.int32)
-        self.prefill_qsl = dev(max_num_seqs + 1, dtype=torch.int32)
-        self.logits_idx = dev(self.max_logits, dtype=torch.int64)
+        # Every staged field lives in one host buffer (pinned on CUDA) mirrored by one device buffer of the
+        # same layout: a step uploads what it uses with one copy (`_upload_ranges`), and each field's device
+        # tensor is a fixed view of the device buffer, the address captured CUDA graphs read.
+        fields = [("seq_lens", torch.int32, (max_num_seqs,)), ("qsl", torch.int32, (max_num_seqs + 1,)),
+                  ("prefill_qsl", torch.int32, (max_num_seqs + 1,)), ("logits_idx", torch.int64, (self.max_logits,)),
+                  ("input_ids", torch.int64, (max_num_tokens,)), ("positions", torch.int64, (max_num_tokens,)),
+                  ("slots", torch.int64, (max_num_tokens,)),
+                  # Last: a step uses whole rows, so the rows it leaves unused are never copied.
+                  ("block_tables", torch.int32, (max_num_seqs, self.max_blocks_per_seq))]
+        self.field_offsets: dict[str, int] = {}
+        size = 0
+        for name, dtype, shape in fields:
+            self.field_offsets[name] = size
+            size += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
+        self.h_buffer = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+        self.buffer = torch.zeros(size, dtype=torch.uint8, device=device)
+
+        def view(buf: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+            start = self.field_offsets[name]
+            return buf[start:start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+
+        views = {f[0]: (view(self.h_buffer, *f), view(self.buffer, *f)) for f in fields}
+        self.h_input_ids, self.input_ids = views["input_ids"]
+        self.h_positions, self.positions = views["positions"]
+        self.h_slots, self.slots = views["slots"]
+        self.h_block_tables, self.block_tables = views["block_tables"]
+        self.h_seq_lens, self.seq_lens = views["seq_lens"]
+        self.h_qsl, self.qsl = views["qsl"]
+        self.h_prefill_qsl, self.prefill_qsl = views["prefill_qsl"]
+        self.h_logits_idx, self.logits_idx = views["logits_idx"]
+        self.host = _HostArrays(**{name: host.numpy() for name, (host, _) in views.items()})
+        self._iota = np.arange(max_num_seqs + 1)  # sliced instead of a new arange per step
         # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
         self._uploaded: torch.cuda.Event | None = None
         # Invariant: _row_tables[i] == h_block_tables[i, :len(_row_tables[i])]: what `_stage_block_tables`
@@ -105,8 +136,8 @@ class ModelRunner:
         while num_decodes < len(scheduled) and scheduled[num_decodes].num_new_tokens == 1:
             num_decodes += 1
         width = self._stage_block_tables(scheduled)
-        ids, pos, slots = self.h_input_ids.numpy(), self.h_positions.numpy(), self.h_slots.numpy()
-        lens, qsl, lidx = self.h_seq_lens.numpy(), self.h_qsl.numpy(), self.h_logits_idx.numpy()
+        h = self.host
+        ids, pos, slots, lens, qsl, lidx = h.input_ids, h.positions, h.slots, h.seq_lens, h.qsl, h.logits_idx
         qsl[0] = 0
         n_sample = self._stage_decodes(scheduled[:num_decodes])
         bs = self.block_size
@@ -140,7 +171,7 @@ class ModelRunner:
         list compare), the new tail when the table only grew, the whole table otherwise (another sequence
         took the row, or blocks were trimmed and replaced). Comparing contents, not lengths or ids, keeps
         this exact whatever the scheduler or a proposer did to the list in between."""
-        bt = self.h_block_tables.numpy()
+        bt = self.host.block_tables
         rows = self._row_tables
         width = 0
         for i, s in enumerate(scheduled):
@@ -175,49 +206,65 @@ class ModelRunner:
             blocks.append(seq.block_table[p // bs])
             if p + 1 == seq.num_tokens:  # ScheduledSeq.samples for a row of one known token
                 sampling.append(i)
-        pos = self.h_positions.numpy()[:n]
+        h = self.host
+        pos = h.positions[:n]
         pos[:] = positions
-        self.h_input_ids.numpy()[:n] = tokens
-        self.h_slots.numpy()[:n] = np.asarray(blocks, dtype=np.int64) * bs + pos % bs
-        self.h_seq_lens.numpy()[:n] = pos + 1
-        self.h_qsl.numpy()[1:n + 1] = np.arange(1, n + 1)
-        self.h_logits_idx.numpy()[:len(sampling)] = sampling  # a row's only token is token i
+        h.input_ids[:n] = tokens
+        h.slots[:n] = np.asarray(blocks, dtype=np.int64) * bs + pos % bs
+        h.seq_lens[:n] = pos + 1
+        h.qsl[1:n + 1] = self._iota[1:n + 1]
+        h.logits_idx[:len(sampling)] = sampling  # a row's only token is token i
         return len(sampling)
 
-    def _upload(self, shape: StepShape) -> AttentionMetadata:
-        """Copy the staged buffers to the device; the step's attention metadata."""
-        t, b, num_decodes, n_sample = shape.num_tokens, shape.num_seqs, shape.num_decodes, shape.num_logits
-        self._copy(self.input_ids, self.h_input_ids, t)
-        self._copy(self.positions, self.h_positions, t)
-        self._copy(self.slots, self.h_slots, t)
-        self._copy(self.block_tables, self.h_block_tables, b)
-        self._copy(self.seq_lens, self.h_seq_lens, b)
-        self._copy(self.qsl, self.h_qsl, b + 1)
-        self._copy(self.logits_idx, self.h_logits_idx, n_sample)
+    def _upload(self, shape: StepShape) -> None:
+        """Copy the step's staged fields to the device: one copy of the host buffer's used span (more only
+        across a large unused gap). The prefill rows' rebased query starts are derived here, on the host,
+        from the final (padded) query starts."""
+        h, b, nd = self.host, shape.num_seqs, shape.num_decodes
+        np.subtract(h.qsl[nd:b + 1], h.qsl[nd], out=h.prefill_qsl[:b + 1 - nd])
+        for start, end in self._upload_ranges(shape):
+            self.buffer[start:end].copy_(self.h_buffer[start:end], non_blocking=True)
         if self.device.type == "cuda":
-            self._uploaded = torch.cuda.Event()
+            if self._uploaded is None:
+                self._uploaded = torch.cuda.Event()
             self._uploaded.record()
-        nd_tokens = int(self.h_qsl[num_decodes])
-        torch.sub(self.qsl[num_decodes:b + 1], nd_tokens, out=self.prefill_qsl[:b + 1 - num_decodes])
+
+    def _upload_ranges(self, shape: StepShape) -> list[tuple[int, int]]:
+        """Byte ranges of the staging buffer a step uses, neighbours merged across gaps of at most
+        `_MERGE_GAP_BYTES`."""
+        t, b = shape.num_tokens, shape.num_seqs
+        used = (("seq_lens", 4 * b), ("qsl", 4 * (b + 1)), ("prefill_qsl", 4 * (b + 1 - shape.num_decodes)),
+                ("logits_idx", 8 * shape.num_logits), ("input_ids", 8 * t), ("positions", 8 * t),
+                ("slots", 8 * t), ("block_tables", 4 * b * self.max_blocks_per_seq))
+        ranges: list[tuple[int, int]] = []
+        for name, nbytes in used:
+            if not nbytes:
+                continue
+            start = self.field_offsets[name]
+            if ranges and start - ranges[-1][1] <= _MERGE_GAP_BYTES:
+                ranges[-1] = (ranges[-1][0], start + nbytes)
+            else:
+                ranges.append((start, start + nbytes))
+        return ranges
+
+    def _metadata(self, shape: StepShape) -> AttentionMetadata:
+        """The attention metadata of an uploaded step, over the device buffers."""
+        t, b, nd = shape.num_tokens, shape.num_seqs, shape.num_decodes
         return AttentionMetadata(
             slot_mapping=self.slots[:t],
             block_tables=self.block_tables[:b],
             seq_lens=self.seq_lens[:b],
             query_start_loc=self.qsl[:b + 1],
-            num_decodes=num_decodes,
-            num_decode_tokens=nd_tokens,
+            num_decodes=nd,
+            num_decode_tokens=int(self.host.qsl[nd]),
             max_query_len=shape.max_query_len,
-            prefill_query_start_loc=self.prefill_qsl[:b + 1 - num_decodes],
+            prefill_query_start_loc=self.prefill_qsl[:b + 1 - nd],
         )
 
-    @staticmethod
-    def _copy(dst: torch.Tensor, src: torch.Tensor, n: int) -> None:
-        dst[:n].copy_(src[:n], non_blocking=True)
-
     def _forward(self, shape: StepShape) -> torch.Tensor:
-        meta = self._upload(shape)
+        self._upload(shape)
         t = shape.num_tokens
-        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, meta)
+        return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(shape))
 
     # --- CUDA graphs ------------------------------------------------------------------------------
 
@@ -235,7 +282,10 @@ class ModelRunner:
         self.graphs = graphs = CudaGraphs(self.device)
         for key in sorted(keys, key=lambda k: k.num_tokens, reverse=True):
             # An all-padding step: the uploads stay outside the graph (each replay is preceded by them).
-            meta = self._upload(self._pad(StepShape(0, 0, 0, 0, 0, 0), key))
+            self._wait_for_uploads()  # the previous capture's upload reads the buffers _pad rewrites
+            shape = self._pad(StepShape(0, 0, 0, 0, 0, 0), key)
+            self._upload(shape)
+            meta = self._metadata(shape)
             graphs.capture(key, functools.partial(self.model, self.input_ids[:key.num_tokens],
                                                   self.positions[:key.num_tokens], self.kv_caches, meta))
 
@@ -253,17 +303,18 @@ class ModelRunner:
 
         Decode graphs (query_len 1) run every row through the decode kernel; verification graphs run
         every sequence through the varlen kernel, with padding sequences of 0 queries and padding
-        tokens that belong to no sequence (their outputs are never read)."""
-        self._wait_for_uploads()
+        tokens that belong to no sequence (their outputs are never read). Callers have waited for the
+        previous upload (`stage` does)."""
+        h = self.host
         t, b = shape.num_tokens, shape.num_seqs
         t_pad, b_pad = key.num_tokens, key.num_seqs
-        self.h_input_ids.numpy()[t:t_pad] = 0
-        self.h_positions.numpy()[t:t_pad] = 0
-        self.h_slots.numpy()[t:t_pad] = -1
-        self.h_seq_lens.numpy()[b:b_pad] = 0
-        qsl = self.h_qsl.numpy()
+        h.input_ids[t:t_pad] = 0
+        h.positions[t:t_pad] = 0
+        h.slots[t:t_pad] = -1
+        h.seq_lens[b:b_pad] = 0
+        qsl = h.qsl
         if key.query_len == 1:
-            qsl[b + 1:b_pad + 1] = np.arange(b + 1, b_pad + 1)
+            qsl[b + 1:b_pad + 1] = self._iota[b + 1:b_pad + 1]
             return StepShape(t_pad, b_pad, b_pad, 1, shape.num_logits, shape.table_width)
         qsl[b + 1:b_pad + 1] = t
         return StepShape(t_pad, b_pad, 0, key.query_len, shape.num_logits, shape.table_width)
@@ -289,7 +340,9 @@ class ModelRunner:
         if self.tp is not None:
             self._lead(shape)
         hidden = self._run(shape)
-        if all_logits:
+        # Staged logits indices increase, so when every token needs logits (a decode step where every row
+        # samples) they are 0..T-1: the rows are the hidden states as they are, no gather.
+        if all_logits or shape.num_logits == shape.num_tokens:
             return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[self.logits_idx[:shape.num_logits]])
 
@@ -297,9 +350,8 @@ class ModelRunner:
 
     def _payload_parts(self, shape: StepShape) -> list[np.ndarray]:
         """Views of the staged host buffers a step uses, in payload order."""
-        t, b, w = shape.num_tokens, shape.num_seqs, shape.table_width
-        return [self.h_input_ids.numpy()[:t], self.h_positions.numpy()[:t], self.h_slots.numpy()[:t],
-                self.h_seq_lens.numpy()[:b], self.h_qsl.numpy()[:b + 1], self.h_block_tables.numpy()[:b, :w]]
+        t, b, w, h = shape.num_tokens, shape.num_seqs, shape.table_width, self.host
+        return [h.input_ids[:t], h.positions[:t], h.slots[:t], h.seq_lens[:b], h.qsl[:b + 1], h.block_tables[:b, :w]]
 
     def _lead(self, shape: StepShape) -> None:
         """Rank 0: broadcast the staged step to the workers."""

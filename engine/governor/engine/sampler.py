@@ -16,6 +16,16 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
+def argmax_only(params: SamplingParams) -> bool:
+    """Whether a request's tokens are a plain argmax of its logits: greedy, without logprobs."""
+    return params.greedy and params.logprobs is None
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of `logits` [B, V] (lowest id among ties), on the host: one sync."""
+    return logits.argmax(dim=1).tolist()
+
+
 def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Logits scaled by temperature with top-k, top-p and min-p applied (masked to -inf)."""
     device = logits.device
@@ -50,9 +60,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     from p; a row with its own generator (a request seed) draws only from it, so its output does not
     depend on what else shares the batch.
     """
-    greedy_tokens = logits.argmax(dim=1)
     if all(p.greedy for p in params):
-        tokens = greedy_tokens
+        token_list = greedy_tokens(logits)
     else:
         probs = filtered_logits(logits, params).softmax(dim=1)
         noise = torch.empty_like(probs).exponential_(generator=default_generator)
@@ -61,8 +70,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                 noise[i].exponential_(generator=g)
         sampled = (probs / noise).argmax(dim=1)
         is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        tokens = torch.where(is_greedy, greedy_tokens, sampled)
-    token_list = tokens.tolist()  # the one host sync of a step
+        token_list = torch.where(is_greedy, logits.argmax(dim=1), sampled).tolist()  # the one host sync
 
     return SampleResult(token_list, token_logprobs(logits, token_list, [p.logprobs for p in params]))
 

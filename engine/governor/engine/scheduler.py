@@ -12,7 +12,7 @@ from governor.engine.kv.block_pool import BlockPool
 from governor.engine.sequence import Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     """A sequence's share of a step. A decode may carry speculative draft tokens after its last token:
     `num_spec` slots are reserved by the scheduler, `draft_tokens` filled by the proposer."""
@@ -25,8 +25,9 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the known tokens, so a new token is sampled."""
+        seq = self.seq
         known = self.num_new_tokens - len(self.draft_tokens)
-        return self.seq.num_computed_tokens + known == self.seq.num_tokens
+        return seq.num_computed_tokens + known == len(seq.prompt_token_ids) + len(seq.output_token_ids)
 
     def set_drafts(self, drafts: list[int]) -> None:
         """Fill the reserved draft slots with the proposer's tokens (possibly fewer, possibly none)."""
@@ -45,6 +46,7 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]  # decodes first, then prefill chunks
+    admitted: list[Sequence] = field(default_factory=list)  # taken from the waiting queue this step
 
 
 class Scheduler:
@@ -101,6 +103,13 @@ class Scheduler:
         if self.max_model_len is not None:
             k = min(k, self.max_model_len - seq.num_tokens - 1)
         return max(0, k)
+
+    def settle_blocks(self, seq: Sequence) -> None:
+        """Once a step's computed count of seq is final (and before seq can finish and free them): release
+        slots reserved for drafts that were not used, and cache the newly full blocks."""
+        self.trim_blocks(seq)
+        if self.enable_prefix_caching:  # checked here too: skips a call per sequence and step without it
+            self.cache_computed_blocks(seq)
 
     def trim_blocks(self, seq: Sequence) -> None:
         """Release blocks past the computed tokens (slots of rejected draft tokens)."""
@@ -177,12 +186,20 @@ class Scheduler:
         prefills: list[Sequence] = []
         for seq in self.running:
             (decodes if seq.is_decoding else prefills).append(seq)
+        bs, speculating = self.block_size, self.knobs.num_speculative_tokens > 0
         for seq in itertools.chain(decodes, prefills):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             uncomputed = seq.num_uncomputed_tokens  # fixed for this sequence while it is being scheduled
+            if uncomputed == 1 and not speculating and seq.num_computed_tokens < len(seq.block_table) * bs:
+                # The usual decode, what the general path below comes to for it: one token, no draft
+                # slots, into the room left in its last block (nothing to allocate, nobody to preempt).
+                scheduled.append(ScheduledSeq(seq, 1))
+                taken.add(id(seq))
+                budget -= 1
+                continue
             spec = min(self._spec_slots(seq), max(0, budget - 1))
             n = min(uncomputed + spec, budget)
             fit = self._fits(seq, n)
@@ -203,6 +220,7 @@ class Scheduler:
             taken.add(id(seq))
             budget -= fit
 
+        admitted: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.knobs.max_num_seqs:
             seq = self.waiting[0]
             hits = self._cached_prefix(seq)
@@ -215,6 +233,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            admitted.append(seq)
             self.block_pool.touch(hits)
             seq.block_table = list(hits)
             seq.num_computed_tokens = start
@@ -228,7 +247,7 @@ class Scheduler:
             taken.add(id(seq))
             budget -= fit
 
-        return SchedulerOutput(scheduled)
+        return SchedulerOutput(scheduled, admitted)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark seq finished (running or still waiting) and return its blocks to the pool."""
