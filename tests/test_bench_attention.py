@@ -18,7 +18,7 @@ from governor.engine import bench_attention as ba
 from governor.engine.bench_throughput import HFOptions, Workload, run_hf
 from governor.kernels import paged_attention as pa
 
-needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or pa._INTERPRET),
+needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or pa.INTERPRET),
                                   reason="no CUDA and TRITON_INTERPRET is not 1")
 
 

@@ -7,9 +7,12 @@ interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from governor.kernels import elementwise as ew
 from governor.kernels import paged_attention as pa
+from governor.kernels.elementwise import round_to
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # fp32: the kernels' only difference is the order of a norm's fp32 sum. bf16: that can move a value across a
@@ -17,7 +20,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}
 
 needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or ew._INTERPRET),
+    not (torch.cuda.is_available() or ew.INTERPRET),
     reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
 )
 
@@ -53,6 +56,28 @@ def test_add_rms_norm_of_a_zero_row_is_zero_not_nan() -> None:
     assert torch.equal(out, torch.zeros_like(out))
 
 
+@triton.jit
+def _round_to_bf16_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n)
+    tl.store(out_ptr + i, round_to(x, tl.bfloat16), mask=i < n)
+
+
+@needs_triton
+def test_round_to_bf16_rounds_to_nearest_even_and_keeps_nan_and_infinity() -> None:
+    bits = [0x7FFFFFFF, 0xFFFFFFFF, 0x7F800001, 0x7FC00000,  # NaNs: the rounding carry must not eat them
+            0x7F800000, 0xFF800000,  # +-inf
+            0x3F808000, 0x3F818000,  # 1 + 2^-8 and 1 + 3 * 2^-8: ties, to even (down, then up)
+            0x3F808001, 0xBF807FFF,  # just above and (negative) just below a tie
+            0x7F7FFFFF, 0x00000001, 0x80000000]  # fp32 max (rounds to inf, as torch does), a subnormal, -0
+    x = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32).to(DEVICE)
+    out = torch.empty_like(x)
+    _round_to_bf16_kernel[(1,)](x, out, x.numel(), BLOCK=16)
+    want = x.to(torch.bfloat16).float()
+    assert torch.equal(out.isnan(), x.isnan())
+    assert torch.equal(out[~x.isnan()].view(torch.int32), want[~x.isnan()].view(torch.int32))
+
+
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("intermediate", [48, 1100], ids=["one-block", "two-blocks"])
@@ -69,6 +94,7 @@ def test_fused_kernels_take_empty_batches() -> None:
     assert ew.silu_mul(torch.zeros(0, 64, device=DEVICE)).shape == (0, 32)
 
 
+@needs_triton
 def test_fused_kernels_reject_rows_that_are_not_contiguous() -> None:
     with pytest.raises(ValueError, match="contiguous rows"):
         ew.silu_mul(torch.zeros(64, 3, device=DEVICE).t())

@@ -20,7 +20,7 @@ E4M3_HALF_STEP = 2.0**-4  # round to nearest with 3 mantissa bits: relative erro
 E4M3_HALF_SUBNORMAL_STEP = 2.0**-10  # below 2^-6 the step is a fixed 2^-9 (times the scale)
 
 needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or pa._INTERPRET),
+    not (torch.cuda.is_available() or pa.INTERPRET),
     reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
 )
 

@@ -30,13 +30,15 @@ def live_not_argmax(engine: LLMEngine) -> int:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_greedy_tokens_are_the_samplers_greedy_tokens_and_the_first_maximum(seed: int) -> None:
+def test_greedy_tokens_are_the_first_maximum_and_what_a_mixed_batch_gives_its_greedy_rows(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randint(-3, 3, (64, 50), generator=g).float()  # few values: most rows have tied maxima
-    params = [SamplingParams(temperature=0.0)] * 64
     fast = greedy_tokens(logits)
-    assert fast == sample(logits, params, [None] * 64).token_ids
     assert fast == [row.tolist().index(max(row.tolist())) for row in logits]
+    # A batch with one sampled row takes the general path (softmax, noise, torch.where); its greedy rows must
+    # still get the fast path's tokens.
+    params = [SamplingParams(temperature=0.0)] * 63 + [SamplingParams(temperature=1.0, seed=seed)]
+    assert sample(logits, params, [None] * 64).token_ids[:63] == fast[:63]
 
 
 def test_plain_greedy_batch_gets_the_tokens_of_the_general_sampler(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:

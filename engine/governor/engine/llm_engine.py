@@ -303,14 +303,8 @@ class LLMEngine:
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
         """End a request now (client gone, deadline passed), freeing its blocks. None if unknown."""
-        req = self._forget(request_id)
-        if req is None:
-            return None
-        self.scheduler.finish(req.seq, reason)
-        if self.proposer is not None:
-            self.proposer.release(req.seq)
-        self.counters["requests_finished"] += 1
-        return self._output(req)
+        req = self._requests.get(request_id)
+        return None if req is None else self._end(req, reason)
 
     def update_knobs(self, **changes: int) -> Knobs:
         """Apply knob changes (at a step boundary: callers invoke it between steps). Values are checked
@@ -396,12 +390,16 @@ class LLMEngine:
         return True
 
     def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
+        result.finished.append(self._end(req, reason))
+
+    def _end(self, req: _Request, reason: str) -> RequestOutput:
+        """End a live request: free its blocks and proposer state, count it, forget it; its final output."""
         self.scheduler.finish(req.seq, reason)
         if self.proposer is not None:
             self.proposer.release(req.seq)
         self.counters["requests_finished"] += 1
         self._forget(req.seq.request_id)
-        result.finished.append(self._output(req))
+        return self._output(req)
 
     def _forget(self, request_id: str) -> _Request | None:
         """Drop a request from the live ones (and from `_num_not_argmax` and `_deadlines`); None if unknown."""
@@ -415,8 +413,6 @@ class LLMEngine:
         """Fill each speculative decode's draft slots; returns draft distributions by id(seq) (draft model,
         sampled requests only)."""
         probs: dict[int, torch.Tensor] = {}
-        if not self.knobs.num_speculative_tokens:  # the scheduler reserved no draft slots
-            return probs
         spec = [s for s in scheduled if s.num_spec > 0]
         if not spec or self.proposer is None:
             for s in spec:

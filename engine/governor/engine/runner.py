@@ -59,8 +59,9 @@ class _HostArrays:
 class ModelRunner:
     """Owns the step buffers, sized once for the hard caps (max tokens, max seqs, max blocks per seq).
 
-    Host-side staging arrays are filled with numpy and copied to the device in one transfer (they share
-    one buffer), so the shapes a step sees depend only on the batch, never on Python-side allocation.
+    Host-side staging arrays are filled with numpy and copied to the device together (they share one
+    buffer: one copy, more only across large unused gaps), so the shapes a step sees depend only on the
+    batch, never on Python-side allocation.
 
     With a tensor-parallel group (`tp`, size > 1) the runner on rank 0 leads: after staging a step it
     broadcasts the staged buffers over the control group, and each worker's runner (`follow`) receives

@@ -25,9 +25,8 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the known tokens, so a new token is sampled."""
-        seq = self.seq
         known = self.num_new_tokens - len(self.draft_tokens)
-        return seq.num_computed_tokens + known == len(seq.prompt_token_ids) + len(seq.output_token_ids)
+        return self.seq.num_computed_tokens + known == self.seq.num_tokens
 
     def set_drafts(self, drafts: list[int]) -> None:
         """Fill the reserved draft slots with the proposer's tokens (possibly fewer, possibly none)."""

@@ -56,14 +56,12 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        # num_tokens written out: the scheduler asks this of every running sequence each step.
-        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_decoding(self) -> bool:
         """True when exactly the last sampled token still needs its KV (a decode step)."""
-        outputs = self.output_token_ids
-        return len(self.prompt_token_ids) + len(outputs) - self.num_computed_tokens == 1 and bool(outputs)
+        return self.num_uncomputed_tokens == 1 and bool(self.output_token_ids)
 
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without copying the whole sequence (a decode reads one)."""

@@ -3,8 +3,10 @@
 Each Triton kernel replaces several PyTorch kernels (a batch-1 decode step of an 8B model ran about 20
 small kernels a layer, most of them these; issue 9) and rounds exactly where the PyTorch code it
 replaces rounds: every intermediate that code materializes in the model dtype is rounded to that dtype
-here too, so outputs differ from the references only by the order of the fp32 sum in a norm. The
-references (`*_ref`) are the PyTorch code itself: the oracle in tests and the CPU path.
+here too, so outputs differ from the references only by the order of the fp32 sum in a norm and, on a GPU,
+by Triton's approximate exp and rsqrt where PyTorch uses accurate ones (a last-bit difference before the
+rounding to the model dtype, so at most one bf16 step). The references (`*_ref`) are the PyTorch code itself:
+the oracle in tests and the CPU path.
 
 Rotary lives here as math (`rotate_ref`, `rotate`); the kernel that also writes the rotated keys into
 the paged KV cache is `paged_attention.rotary_write_kv`.
@@ -18,14 +20,14 @@ import triton
 import triton.language as tl
 
 # Decided once, when the kernels are decorated: triton reads TRITON_INTERPRET at `@triton.jit` time.
-_INTERPRET = bool(triton.knobs.runtime.interpret)
+INTERPRET = bool(triton.knobs.runtime.interpret)
 
 _SILU_BLOCK = 1024  # columns per SiLU·mul program
 
 
 def triton_usable(t: torch.Tensor) -> bool:
     """Whether Triton kernels can run on `t`: a CUDA tensor, or any tensor under TRITON_INTERPRET=1."""
-    return t.is_cuda or _INTERPRET
+    return t.is_cuda or INTERPRET
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,18 +71,24 @@ def rotate_ref(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
 def round_to(x, dtype: tl.constexpr):
     """x (fp32) rounded to nearest-even in `dtype` and widened back: where the PyTorch code stores an
     intermediate. bf16 is rounded by hand: Triton's interpreter truncates fp32 -> bf16 casts (it ignores
-    fp_downcast_rounding), the GPU rounds; by hand both round alike (NaN payloads aside)."""
+    fp_downcast_rounding), the GPU rounds; by hand both round alike. The carry of the rounding would turn
+    some NaNs (e.g. 0x7FFFFFFF) into zero or infinity, so NaN passes through unrounded."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
-def rms_normalize(x, w, n, eps, dtype: tl.constexpr):
-    """`rms_norm_ref` of one row x (fp32, zero past n) with weight w (fp32), rounded as the reference rounds."""
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+def rms_rstd(x, n, eps):
+    """1 / RMS of one row x (fp32, zero past its n values): the statistic of `rms_norm_ref`."""
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+
+
+@triton.jit
+def rms_scale(x, rstd, w, dtype: tl.constexpr):
+    """x (fp32) normalized by `rstd` and weighted by w (fp32), rounded where `rms_norm_ref` rounds."""
     return round_to(round_to(x * rstd, dtype) * w, dtype)
 
 
@@ -104,7 +112,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
         h = round_to(h + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32), dtype)
         tl.store(h_ptr + row * stride_h + cols, h.to(dtype), mask=mask)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, rms_normalize(h, w, n, eps, dtype).to(dtype), mask=mask)
+    tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rms_rstd(h, n, eps), w, dtype).to(dtype), mask=mask)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float

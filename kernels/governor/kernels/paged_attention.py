@@ -41,10 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from governor.kernels.elementwise import rms_norm_ref, rotate, rotate_ref, round_to
-
-# Decided once, when the kernels are decorated: triton reads TRITON_INTERPRET at `@triton.jit` time.
-_INTERPRET = bool(triton.knobs.runtime.interpret)
+from governor.kernels.elementwise import INTERPRET, rms_norm_ref, rms_rstd, rms_scale, rotate, rotate_ref, triton_usable
 
 _LOG2E = 1.4426950408889634
 
@@ -63,7 +60,9 @@ _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
 # Split-KV heuristic: split a decode batch whose (seq, kv head) programs fill too few SMs.
-_SPLIT_MIN_PARTITION = 512  # tokens; smaller partitions cost more in the reduce than they gain
+# Splits are chosen from the context bound so that a bound-long context gets partitions of >= 512 tokens
+# (smaller ones cost more in the reduce than they gain); a shorter sequence's own partitions are smaller.
+_SPLIT_MIN_PARTITION = 512
 _SPLIT_MAX = 64
 _PROGRAMS_PER_SM = 4
 
@@ -183,7 +182,7 @@ def write_kv(
     does it without a host sync, so it can be captured in a CUDA graph; otherwise `write_kv_ref`.
     An fp8 cache needs `k_scale`/`v_scale` [num_kv_heads]; the bytes stored equal `write_kv_ref`'s.
     """
-    if not _triton_usable(key):
+    if not triton_usable(key):
         write_kv_ref(key, value, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
         return
     fp8 = _check_write_kv_args(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -212,7 +211,7 @@ def write_kv(
         v_flat.stride(1),
         HEAD_DIM=head_dim,
         FP8=fp8,
-        INTERPRET=_INTERPRET,
+        INTERPRET=INTERPRET,
     )
 
 
@@ -256,9 +255,9 @@ def _rotary_write_kv_kernel(
     if QK_NORM:
         w_ptr = tl.where(head < NUM_HEADS, q_norm_ptr, k_norm_ptr)
         # The norm is per element after one shared statistic: normalize x, and x_half with x's statistic.
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
-        x = round_to(round_to(x * rstd, dtype) * tl.load(w_ptr + d).to(tl.float32), dtype)
-        x_half = round_to(round_to(x_half * rstd, dtype) * tl.load(w_ptr + d_half).to(tl.float32), dtype)
+        rstd = rms_rstd(x, HEAD_DIM, eps)
+        x = rms_scale(x, rstd, tl.load(w_ptr + d).to(tl.float32), dtype)
+        x_half = rms_scale(x_half, rstd, tl.load(w_ptr + d_half).to(tl.float32), dtype)
     cs = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
     y = rotate(x, x_half, tl.load(cs + d).to(tl.float32), tl.load(cs + HEAD_DIM + d).to(tl.float32), dtype)
     if head < NUM_HEADS:
@@ -335,7 +334,7 @@ def rotary_write_kv(
     """`rotary_write_kv_ref` in one kernel, without a host sync (CUDA-graph safe). The rotated q is written
     into qkv in place and returned as a view [T, Hq, D]; k in qkv is left unrotated. Same rounding as the
     reference (`elementwise` module docstring); the cache bytes equal `write_kv`'s for the same k and v."""
-    if not _triton_usable(qkv):
+    if not triton_usable(qkv):
         q = _qkv_views(qkv, num_heads, k_cache)[0]
         return q.copy_(rotary_write_kv_ref(qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
                                            q_norm=q_norm, k_norm=k_norm, eps=eps, k_scale=k_scale, v_scale=v_scale))
@@ -366,7 +365,7 @@ def rotary_write_kv(
         HEAD_DIM=head_dim,
         QK_NORM=q_norm is not None,
         FP8=fp8,
-        INTERPRET=_INTERPRET,
+        INTERPRET=INTERPRET,
     )  # fmt: skip
     return q
 
@@ -750,9 +749,9 @@ def _partition_size(seq_len, num_splits, TILE_ALIGN: tl.constexpr):
 
 def decode_num_splits(programs: int, context_bound: int, device: torch.device, num_splits: int | None = None) -> int:
     """The split-KV partitions the decode kernel runs for `programs` (sequence, KV head) pairs over contexts of
-    at most `context_bound` tokens: `num_splits` (default: the automatic choice) rounded so that each
-    partition of a `context_bound`-token sequence is whole _TILE_N tiles. Each sequence's partitions are
-    sized from its own length the same way (`_partition_size`), so a shorter one spreads over every split
+    at most `context_bound` tokens: `num_splits` (default: the automatic choice), less any split that would
+    be empty for a `context_bound`-token sequence once partitions are whole _TILE_N tiles. Each sequence's
+    partitions are sized from its own length (`_partition_size`), so a shorter one spreads over every split
     in smaller partitions."""
     if num_splits is None:
         num_splits = _choose_num_splits(programs, context_bound, device)
@@ -784,7 +783,8 @@ def paged_decode_attention(
 
     `num_splits`: None picks automatically (from `max_seq_len` if given, else the block-table
     capacity, so no host sync and the choice is stable under CUDA graphs); 1 disables split-KV.
-    `max_seq_len`: an upper bound on `seq_lens` known on the host, to size partitions tighter.
+    `max_seq_len`: an upper bound on `seq_lens` known on the host, for the split count (instead of the
+    block-table capacity).
     `k_scale`/`v_scale`: float32 [num_kv_heads], required with an fp8 cache (module docstring).
     """
     num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
@@ -831,7 +831,7 @@ def paged_decode_attention(
         KV_FP8=fp8,
         FP16_PRODUCTS=fp8 and q.dtype == torch.bfloat16,
         DOT_PRECISION=_dot_precision(q.dtype),
-        INTERPRET=_INTERPRET,
+        INTERPRET=INTERPRET,
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -845,7 +845,8 @@ def paged_decode_attention(
 
 
 def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device) -> int:
-    """Split until the (seq, kv head, split) grid fills the GPU, keeping partitions >= 512 tokens."""
+    """Split until the (seq, kv head, split) grid fills the GPU, keeping a context_bound-long sequence's
+    partitions >= _SPLIT_MIN_PARTITION tokens."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     wanted = -(-(_PROGRAMS_PER_SM * sm_count) // num_programs)
     by_length = context_bound // _SPLIT_MIN_PARTITION
@@ -996,7 +997,7 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim,
         KV_FP8=fp8,
         DOT_PRECISION=_dot_precision(q.dtype),
-        INTERPRET=_INTERPRET,
+        INTERPRET=INTERPRET,
     )  # fmt: skip
     return out
 
@@ -1105,12 +1106,8 @@ def _require_pow2_head_dim(head_dim: int, what: str) -> None:
         )
 
 
-def _triton_usable(t: torch.Tensor) -> bool:
-    return t.is_cuda or _INTERPRET
-
-
 def _require_triton(t: torch.Tensor, what: str) -> None:
-    if not _triton_usable(t):
+    if not triton_usable(t):
         raise RuntimeError(
             f"{what} runs Triton on CUDA tensors (or on CPU with TRITON_INTERPRET=1 set before import); "
             f"got a {t.device} tensor. Use paged_attention_ref on CPU."
