@@ -50,31 +50,7 @@ LM=/tmp/issue9f/llama-$L QM=/tmp/issue9f/qwen3-$Q R=/tmp/issue9f/results
 mkdir -p "$R"
 exec > >(tee -a "$OUT/run.log") 2>&1
 cp "$OUT/gpu.txt" "$R/" 2>/dev/null || true
-quiet() { grep -vE "Writing model shards|Loading|INFO governor|it/s\]|Warning: |generation flags" || true; }
-FAILED=()
-LIMIT=60
-stage() {  # stage NAME MAX_S MIN_S COMMAND...: run under min(MAX_S, time left); skip if less than MIN_S is left
-  local name=$1 max=$2 min=$3 t0=$SECONDS
-  shift 3
-  local left=$((DEADLINE_S - (SECONDS - T0)))
-  LIMIT=$((left < max ? left : max))
-  if [ "$LIMIT" -lt "$min" ]; then
-    echo "=== $name: SKIPPED ($left s left of the deadline, needs $min)"; FAILED+=("$name(skipped)"); return
-  fi
-  echo "=== $name: start $(date -u +%H:%M:%SZ), limit $LIMIT s"
-  if "$@"; then echo "=== $name: ok in $((SECONDS - t0)) s"
-  else echo "=== $name: FAILED or cut off in $((SECONDS - t0)) s"; FAILED+=("$name"); fi
-  tar czf "$OUT/results.tgz" -C "$R" .
-}
-run_py() {  # run_py LOG ARGS...: python3 ARGS under the stage's limit, output to $R/LOG.log
-  local log=$R/$1.log rc
-  shift
-  timeout -k 10 "$LIMIT" python3 "$@" >"$log" 2>&1
-  rc=$?
-  quiet <"$log" | tail -n 45
-  [ $rc -eq 0 ] || echo "(exit $rc; 124 = cut off at $LIMIT s)"
-  return $rc
-}
+. scripts/gpu-deadline.sh
 tests() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }
   run_py gpu-tests -m pytest -q -m gpu -p no:cacheprovider -rs --durations=5 tests/test_kernels_elementwise.py \
