@@ -30,9 +30,9 @@ MAX_SPEC = 3
 
 def reference_stage(r: ModelRunner, out: SchedulerOutput) -> StepShape:
     """Per-row staging written the plain way: every row's tokens, positions, slots and whole block table."""
-    ids, pos, slots = r.h_input_ids.numpy(), r.h_positions.numpy(), r.h_slots.numpy()
-    bt, lens, qsl = r.h_block_tables.numpy(), r.h_seq_lens.numpy(), r.h_qsl.numpy()
-    lidx = r.h_logits_idx.numpy()
+    h = r.host
+    ids, pos, slots, bt, lens, qsl, lidx = h.input_ids, h.positions, h.slots, h.block_tables, h.seq_lens, h.qsl, \
+        h.logits_idx
     bs = r.block_size
     t = n_sample = num_decodes = max_q = width = 0
     qsl[0] = 0
@@ -68,8 +68,8 @@ def make_runner() -> ModelRunner:
 
 
 def host_buffers(r: ModelRunner) -> dict[str, np.ndarray]:
-    return {name: getattr(r, name).numpy() for name in
-            ("h_input_ids", "h_positions", "h_slots", "h_block_tables", "h_seq_lens", "h_qsl", "h_logits_idx")}
+    return {name: getattr(r.host, name) for name in
+            ("input_ids", "positions", "slots", "block_tables", "seq_lens", "qsl", "logits_idx")}
 
 
 def advance(sched: Scheduler, out: SchedulerOutput, rng: random.Random) -> None:
@@ -143,8 +143,8 @@ def test_a_table_trimmed_and_regrown_to_the_same_length_is_rewritten() -> None:
     runner.stage(out)
     seq.block_table[1] = 9  # same length, other block: e.g. trimmed, freed and reallocated in place
     runner.stage(out)
-    assert runner.h_block_tables.numpy()[0, :2].tolist() == [7, 9]
-    assert runner.h_slots.numpy()[0] == 9 * BLOCK_SIZE + 0
+    assert runner.host.block_tables[0, :2].tolist() == [7, 9]
+    assert runner.host.slots[0] == 9 * BLOCK_SIZE + 0
 
 
 # --- upload: one staging buffer, one copy; logits rows ------------------------------------------

@@ -105,20 +105,17 @@ class ModelRunner:
             start = self.field_offsets[name]
             return buf[start:start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
-        views = {f[0]: (view(self.h_buffer, *f), view(self.buffer, *f)) for f in fields}
-        self.h_input_ids, self.input_ids = views["input_ids"]
-        self.h_positions, self.positions = views["positions"]
-        self.h_slots, self.slots = views["slots"]
-        self.h_block_tables, self.block_tables = views["block_tables"]
-        self.h_seq_lens, self.seq_lens = views["seq_lens"]
-        self.h_qsl, self.qsl = views["qsl"]
-        self.h_prefill_qsl, self.prefill_qsl = views["prefill_qsl"]
-        self.h_logits_idx, self.logits_idx = views["logits_idx"]
-        self.host = _HostArrays(**{name: host.numpy() for name, (host, _) in views.items()})
+        # Device tensors by field (what the model and graphs read); `host` holds numpy views of the host side
+        # (what `stage` fills).
+        dev = {f[0]: view(self.buffer, *f) for f in fields}
+        self.input_ids, self.positions, self.slots = dev["input_ids"], dev["positions"], dev["slots"]
+        self.block_tables, self.seq_lens, self.qsl = dev["block_tables"], dev["seq_lens"], dev["qsl"]
+        self.prefill_qsl, self.logits_idx = dev["prefill_qsl"], dev["logits_idx"]
+        self.host = _HostArrays(**{f[0]: view(self.h_buffer, *f).numpy() for f in fields})
         self._iota = np.arange(max_num_seqs + 1)  # sliced instead of a new arange per step
         # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
         self._uploaded: torch.cuda.Event | None = None
-        # Invariant: _row_tables[i] == h_block_tables[i, :len(_row_tables[i])]: what `_stage_block_tables`
+        # Invariant: _row_tables[i] == host.block_tables[i, :len(_row_tables[i])]: what `_stage_block_tables`
         # last wrote to row i (the rest of the row is stale and never read: seq_lens bounds it).
         self._row_tables: list[list[int]] = [[] for _ in range(max_num_seqs)]
         self.graphs: CudaGraphs | None = None
