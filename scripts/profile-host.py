@@ -5,20 +5,25 @@
 
 Queues `batch` requests of `prompt-len` random tokens (greedy, `new-tokens` each, EOS ignored) after a
 warm-up, steps until every request decodes, then times each decode step. The engine carries no timing
-code: this script wraps its methods (scheduler.schedule, runner.stage, engine._execute, engine._sample)
-on the instance and prints the median milliseconds per step of each phase as JSON:
+code: this script wraps its methods (scheduler.schedule and schedule_continuation, runner.stage,
+engine._execute, engine._sample, engine._complete, engine._launched) on the instance and prints the median
+milliseconds per step() call of each phase as JSON:
 
-- schedule: Scheduler.schedule
+- schedule: Scheduler.schedule, or Scheduler.schedule_continuation (async scheduling)
 - stage: ModelRunner.stage (the host buffers of the step)
 - launch: the rest of the runner's step: upload, forward and logits (on CPU this is the forward itself;
   on CUDA only the kernel launches, or the graph replay)
-- gpu_wait (CUDA): the host blocked on the GPU before sampling; measured by synchronizing the stream at the
-  start of _sample, where the sampler's own sync (`tolist`) would otherwise wait
+- gpu_wait (CUDA): the host blocked on the GPU for a step's tokens; measured by synchronizing at the start of
+  _sample (one step at a time) or _complete (async scheduling), where their own wait would otherwise be
 - sample: the rest of _sample (sampling kernels, their sync, logprobs)
-- postprocess: the rest of step (settling blocks, appending tokens, stop checks, events)
-- step: the whole step
-- gpu_busy / gpu_idle (CUDA, from CUDA events): from the step's first upload to the end of its sampling,
-  and from the previous step's end to this step's first upload -- the time the GPU waits for the host.
+- complete: the rest of _complete (async scheduling: appending the tokens read, stop checks, events)
+- postprocess: the rest of step (settling blocks, appending tokens, stop checks, events; the argmax launch
+  and token copy of async scheduling)
+- step: the whole step() call
+- gpu_busy / gpu_idle (CUDA, from CUDA events, per step the GPU runs): from the step's first upload to the
+  end of its sampling (or argmax and token copy), and from the previous step's end to this step's first
+  upload -- the time the GPU waits for the host. With async scheduling the next step is queued before the
+  running one ends, so the idle time is what is left of the host's lag.
 """
 
 from __future__ import annotations
@@ -102,6 +107,7 @@ def main() -> None:
     sched, runner = eng.scheduler, eng.runner
     inner_execute = eng._execute
     sched.schedule = timer.wrap("schedule", sched.schedule)  # type: ignore[method-assign]
+    sched.schedule_continuation = timer.wrap("schedule", sched.schedule_continuation)  # type: ignore[method-assign]
     runner.stage = timer.wrap("stage", runner.stage)  # type: ignore[method-assign]
     eng._execute = timer.wrap("execute", inner_execute)  # type: ignore[method-assign]
 
@@ -135,10 +141,29 @@ def main() -> None:
         return out
     eng._sample = timer.wrap("_sample", sample)  # type: ignore[method-assign]
 
+    inner_launched, inner_complete = eng._launched, eng._complete
+
+    def launched(*args: Any, **kwargs: Any) -> Any:
+        flight = inner_launched(*args, **kwargs)
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ends.append(ev)
+        return flight
+
+    def complete(flight: Any, result: Any) -> Any:
+        if flight.ready is not None:
+            t0 = time.perf_counter()
+            flight.ready.synchronize()
+            timer.current["gpu_wait"] += time.perf_counter() - t0
+        return inner_complete(flight, result)
+    eng._launched = launched  # type: ignore[method-assign]
+    eng._complete = timer.wrap("_complete", complete)  # type: ignore[method-assign]
+
     params = SamplingParams(temperature=0.0, max_tokens=a.new_tokens, ignore_eos=True)
     for i in range(a.batch):
         eng.add_request(f"p{i}", prompt(), params)
-    while sched.waiting or any(not s.is_decoding for s in sched.running):  # prefill steps, untimed
+    while sched.waiting or any(not s.output_token_ids for s in sched.running):  # prefill steps, untimed
         eng.step()
     sync()
     timer.current.clear()
@@ -158,22 +183,25 @@ def main() -> None:
     for s, total in zip(timer.steps, step_ms, strict=True):
         ms = {k: v * 1e3 for k, v in s.items()}
         launch = ms.get("execute", 0.0) - ms.get("stage", 0.0)
-        sampled = ms.get("_sample", 0.0) - ms.get("gpu_wait", 0.0)
+        waited = ms.get("gpu_wait", 0.0)
+        in_sample = waited if "_sample" in ms else 0.0
         row = {"schedule": ms.get("schedule", 0.0), "stage": ms.get("stage", 0.0), "launch": launch,
-               "sample": sampled, "postprocess": total - ms.get("schedule", 0.0) - ms.get("execute", 0.0)
-               - ms.get("_sample", 0.0), "step": total}
+               "sample": ms.get("_sample", 0.0) - in_sample,
+               "complete": ms.get("_complete", 0.0) - (waited - in_sample),
+               "postprocess": total - ms.get("schedule", 0.0) - ms.get("execute", 0.0) - ms.get("_sample", 0.0)
+               - ms.get("_complete", 0.0), "step": total}
         if cuda:
-            row["gpu_wait"] = ms.get("gpu_wait", 0.0)
+            row["gpu_wait"] = waited
         rows.append(row)
-    if cuda:
+    gpu: list[dict[str, float]] = []
+    if cuda:  # per GPU step: each start (first upload) is followed by its end before the next start
         for i, (st, en) in enumerate(zip(starts, ends, strict=True)):
-            rows[i]["gpu_busy"] = st.elapsed_time(en)
-            if i:
-                rows[i]["gpu_idle"] = ends[i - 1].elapsed_time(st)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    medians = {k: round(statistics.median(r[k] for r in rows if k in r), 4) for k in keys}
+            gpu.append({"gpu_busy": st.elapsed_time(en)} | ({"gpu_idle": ends[i - 1].elapsed_time(st)} if i else {}))
+    keys = list(dict.fromkeys(k for r in rows + gpu for k in r))
+    medians = {k: round(statistics.median(r[k] for r in rows + gpu if k in r), 4) for k in keys}
     report = {"device": str(eng.device), "batch": a.batch, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-              "cuda_graphs": runner.graphs is not None, "timed_steps": len(rows), "median_ms": medians}
+              "cuda_graphs": runner.graphs is not None, "async_scheduling": eng.config.async_scheduling,
+              "timed_steps": len(rows), "gpu_steps": len(gpu), "median_ms": medians}
     print(json.dumps(report, indent=1))
     llm.close()
 

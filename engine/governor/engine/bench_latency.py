@@ -61,10 +61,10 @@ def _record_forward_times(engine: LLMEngine) -> list[tuple[torch.cuda.Event, tor
     times: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     inner = engine.runner.execute
 
-    def execute(out: Any, all_logits: bool = False) -> torch.Tensor:
+    def execute(*args: Any, **kwargs: Any) -> torch.Tensor:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        logits = inner(out, all_logits)
+        logits = inner(*args, **kwargs)
         end.record()
         times.append((start, end))
         return logits

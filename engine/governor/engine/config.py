@@ -89,6 +89,11 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = Field(default=False, description="Run every step eagerly. Otherwise, on a CUDA device "
                                 "with one rank, decode and speculative-verification steps replay CUDA graphs "
                                 "captured at start for batch sizes up to max_num_seqs_cap.")
+    async_scheduling: bool = Field(default=True, description="While a step runs, schedule and launch the next "
+                                   "one, its tokens fed on the device from the running step's, so the device "
+                                   "does not wait on the host between steps. Applies to steps whose every "
+                                   "request is greedy without logprobs and without draft tokens, on one rank; "
+                                   "other steps run one at a time.")
     load_format: LoadFormat = Field(default="auto", description="'auto' reads the safetensors weights; 'dummy' "
                                     "draws random weights of the checkpoint's shapes from `seed` (config.json "
                                     "and tokenizer are still read), for benchmarks without the weights on disk.")

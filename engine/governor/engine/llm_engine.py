@@ -23,7 +23,7 @@ from governor.engine.runner import broadcast_shutdown
 from governor.engine.sampler import argmax_only, greedy_tokens, sample, token_logprobs
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from governor.engine.sequence import Sequence
+from governor.engine.sequence import Sequence, SequenceStatus
 from governor.engine.spec.draft_model import DraftModelProposer
 from governor.engine.spec.proposer import NgramProposer, Proposer
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
@@ -68,6 +68,16 @@ class _Sampled(NamedTuple):
     tokens: list[int]
     logprobs: list[dict[int, float] | None] | None  # one per token; None when no request asked for any
     counts: list[int] | None  # tokens per sequence; None when each got one (the step has no drafts)
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled tokens are still on their way to the host (async scheduling)."""
+
+    sampling: list[ScheduledSeq]  # the sequences it samples for, in row order
+    tokens: torch.Tensor  # [rows] int64 on the device: each row's argmax
+    host: torch.Tensor  # the host copy of `tokens` (pinned on CUDA): read once `ready` has passed
+    ready: torch.cuda.Event | None  # None on CPU, where the copy is done when issued
 
 
 class LLMEngine:
@@ -168,6 +178,14 @@ class LLMEngine:
         # time.monotonic() after which a request ends with "timeout", for the live requests given one.
         self._deadlines: dict[str, float] = {}
         self._arrivals = itertools.count()
+        # Async scheduling: the launched step whose tokens the next step() reads, and two host buffers (with
+        # their events) for the tokens of the step being read and the one launched meanwhile, in turn.
+        self._async = config.async_scheduling and self.tp.size == 1
+        self._in_flight: _InFlight | None = None
+        pin = self.device.type == "cuda"
+        self._readback = [(torch.empty(config.seqs_cap, dtype=torch.int64, pin_memory=pin),
+                           torch.cuda.Event() if pin else None) for _ in range(2)]
+        self._readback_turn = 0
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
 
     @property
@@ -199,13 +217,14 @@ class LLMEngine:
     def closed(self) -> bool:
         return self._finalizer is not None and not self._finalizer.alive
 
-    def _execute(self, out: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
+    def _execute(self, out: SchedulerOutput, all_logits: bool = False,
+                 feed: torch.Tensor | None = None) -> torch.Tensor:
         """The runner's step, after checking that every rank is there to run it."""
         if self._workers is not None:
             if self.closed:
                 raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
             self._workers.check_alive()
-        return self.runner.execute(out, all_logits)
+        return self.runner.execute(out, all_logits, feed)
 
     def _make_proposer(self, backend: str) -> Proposer | None:
         spec = self.config.speculative_config
@@ -331,9 +350,23 @@ class LLMEngine:
     # --- the step -----------------------------------------------------------------------------
 
     def step(self) -> StepResult:
-        """Run one scheduled step: token events for every request that advanced, outputs of finished ones."""
+        """Run one scheduled step: token events for every request that advanced, outputs of finished ones.
+
+        With async scheduling, a step whose every request is greedy without logprobs and without drafts
+        (`_deferrable`) is launched and its tokens are read after the next step is launched, when that
+        one is already certain (`Scheduler.schedule_continuation`): its tokens are fed on the device,
+        and the host reads and handles this step's tokens while the device runs it. That step is then
+        the one in flight between calls, and the next call launches the one after it before reading it.
+        Each call still returns the tokens of one step, as soon as they are on the host."""
         result = StepResult([], [])
         self._expire_deadlines(result)
+        prev, self._in_flight = self._in_flight, None
+        if prev is not None:
+            # Its tokens are this call's, whether or not the next step can be launched first: when it
+            # cannot, the next call schedules it (handing these tokens out does not wait for another step).
+            self._in_flight = self._launch_continuation(prev)
+            self._complete(prev, result)
+            return result
         out = self.scheduler.schedule()
         if not out.scheduled:
             return result
@@ -352,6 +385,11 @@ class LLMEngine:
             s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
             if not s.draft_tokens:
                 settle(s.seq)
+        if self._deferrable(sampling, logits):
+            launched = self._launched(sampling, logits)
+            self._in_flight = self._launch_continuation(launched)
+            self._complete(launched, result)
+            return result
         sampled = self._sample(sampling, logits, draft_probs)
         tokens, lps, requests, events = sampled.tokens, sampled.logprobs, self._requests, result.events
         num_events = len(events)
@@ -370,6 +408,67 @@ class LLMEngine:
                 at += n
         self.counters["generation_tokens"] += len(events) - num_events  # one event per appended token
         return result
+
+    # --- async scheduling -----------------------------------------------------------------------
+
+    def _deferrable(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> bool:
+        """Whether a step's tokens can stay on the device a while: async scheduling is on, some sequence
+        samples, none with drafts (one logits row each), and every live request takes the argmax."""
+        return self._async and bool(sampling) and len(sampling) == logits.shape[0] and self._num_not_argmax == 0
+
+    def _launched(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> _InFlight:
+        """Take the argmax of each row on the device and start copying the tokens to the host."""
+        tokens = logits.argmax(dim=1)
+        buffer, ready = self._readback[self._readback_turn]
+        self._readback_turn ^= 1
+        host = buffer[:len(sampling)]
+        host.copy_(tokens, non_blocking=True)
+        if ready is not None:
+            ready.record()
+        return _InFlight(sampling, tokens, host, ready)
+
+    def _launch_continuation(self, prev: _InFlight) -> _InFlight | None:
+        """Launch the step after `prev` before its tokens are on the host, when the scheduler can say
+        now what that step is; None (nothing launched) otherwise. A sequence whose token from `prev`
+        reaches its max_output is left out: `prev` ends it."""
+        rows: dict[int, int] = {}
+        ending: set[int] = set()
+        requests = self._requests
+        for i, s in enumerate(prev.sampling):
+            seq = s.seq
+            rows[id(seq)] = i
+            req = requests.get(seq.request_id)
+            if req is not None and len(seq.output_token_ids) + 1 >= req.max_output:
+                ending.add(id(seq))
+        out = self.scheduler.schedule_continuation(rows, ending)
+        if out is None:
+            return None
+        logits = self._execute(out, feed=prev.tokens)
+        self.counters["steps"] += 1
+        settle = self.scheduler.settle_blocks
+        for s in out.scheduled:  # one past the known tokens until prev's token joins them (`_complete`)
+            s.seq.num_computed_tokens += 1
+            settle(s.seq)
+        return self._launched(out.scheduled, logits)
+
+    def _complete(self, flight: _InFlight, result: StepResult) -> None:
+        """Wait for a launched step's tokens and append them, as a step appends its sampled tokens. A row
+        whose sequence has ended meanwhile (a stop in the step before, an abort, a deadline) is dropped."""
+        if flight.ready is not None:
+            flight.ready.synchronize()
+        tokens = flight.host.tolist()
+        requests, events = self._requests, result.events
+        num_events = len(events)
+        cache = self.config.enable_prefix_caching
+        for s, token in zip(flight.sampling, tokens, strict=True):
+            seq = s.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            if not self._append_token(requests[seq.request_id], token, None, result) and cache:
+                # A step in flight computes this token's KV: register its block once full, as the settle
+                # after that step would have, had it run after the token was known.
+                self.scheduler.cache_computed_blocks(seq)
+        self.counters["generation_tokens"] += len(events) - num_events
 
     def _append_token(self, req: _Request, token: int, lp: dict[int, float] | None, result: StepResult) -> bool:
         """Append a new token to its request, check the stop conditions and emit the token's event;

@@ -54,6 +54,7 @@ class _HostArrays:
     qsl: np.ndarray
     prefill_qsl: np.ndarray
     logits_idx: np.ndarray
+    feed_rows: np.ndarray
 
 
 class ModelRunner:
@@ -89,7 +90,8 @@ class ModelRunner:
         # tensor is a fixed view of the device buffer, the address captured CUDA graphs read.
         fields = [("seq_lens", torch.int32, (max_num_seqs,)), ("qsl", torch.int32, (max_num_seqs + 1,)),
                   ("prefill_qsl", torch.int32, (max_num_seqs + 1,)), ("logits_idx", torch.int64, (self.max_logits,)),
-                  ("input_ids", torch.int64, (max_num_tokens,)), ("positions", torch.int64, (max_num_tokens,)),
+                  ("feed_rows", torch.int64, (max_num_seqs,)), ("input_ids", torch.int64, (max_num_tokens,)),
+                  ("positions", torch.int64, (max_num_tokens,)),
                   ("slots", torch.int64, (max_num_tokens,)),
                   # Last: a step uses whole rows, so the rows it leaves unused are never copied.
                   ("block_tables", torch.int32, (max_num_seqs, self.max_blocks_per_seq))]
@@ -110,7 +112,7 @@ class ModelRunner:
         dev = {f[0]: view(self.buffer, *f) for f in fields}
         self.input_ids, self.positions, self.slots = dev["input_ids"], dev["positions"], dev["slots"]
         self.block_tables, self.seq_lens, self.qsl = dev["block_tables"], dev["seq_lens"], dev["qsl"]
-        self.prefill_qsl, self.logits_idx = dev["prefill_qsl"], dev["logits_idx"]
+        self.prefill_qsl, self.logits_idx, self.feed_rows = dev["prefill_qsl"], dev["logits_idx"], dev["feed_rows"]
         self.host = _HostArrays(**{f[0]: view(self.h_buffer, *f).numpy() for f in fields})
         self._iota = np.arange(max_num_seqs + 1)  # sliced instead of a new arange per step
         # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
@@ -127,9 +129,12 @@ class ModelRunner:
 
     def stage(self, out: SchedulerOutput) -> StepShape:
         """Fill the host buffers for this step: block tables, then the leading single-token rows
-        (decodes, the common case) batched, then every other row (prefill chunks, verifications)."""
+        (decodes, the common case) batched, then every other row (prefill chunks, verifications).
+        A step of fed decodes (`ScheduledSeq.fed_from`) is staged by `_stage_fed`."""
         self._wait_for_uploads()
         scheduled = out.scheduled
+        if scheduled and scheduled[0].fed_from is not None:
+            return self._stage_fed(scheduled)
         num_decodes = 0
         while num_decodes < len(scheduled) and scheduled[num_decodes].num_new_tokens == 1:
             num_decodes += 1
@@ -214,25 +219,56 @@ class ModelRunner:
         h.logits_idx[:len(sampling)] = sampling  # a row's only token is token i
         return len(sampling)
 
-    def _upload(self, shape: StepShape) -> None:
+    def _stage_fed(self, scheduled: list[ScheduledSeq]) -> StepShape:
+        """Stage a step of fed decodes: every row one query token at the sequence's next position (its
+        computed count: the token the step before samples for it), every row sampling. The token ids are
+        not staged: `feed_rows` says which row of the previous step's sampled tokens each row takes, and
+        `_upload` copies them on the device."""
+        n = len(scheduled)
+        width = self._stage_block_tables(scheduled)
+        bs = self.block_size
+        positions, blocks, rows = [], [], []
+        for s in scheduled:
+            seq = s.seq
+            p = seq.num_computed_tokens
+            positions.append(p)
+            blocks.append(seq.block_table[p // bs])
+            rows.append(s.fed_from)
+        h = self.host
+        pos = h.positions[:n]
+        pos[:] = positions
+        h.feed_rows[:n] = rows
+        h.slots[:n] = np.asarray(blocks, dtype=np.int64) * bs + pos % bs
+        h.seq_lens[:n] = pos + 1
+        h.qsl[0] = 0
+        h.qsl[1:n + 1] = self._iota[1:n + 1]
+        h.logits_idx[:n] = self._iota[:n]
+        return StepShape(n, n, n, 1, n, width)
+
+    def _upload(self, shape: StepShape, feed: torch.Tensor | None = None) -> None:
         """Copy the step's staged fields to the device: one copy of the host buffer's used span (more only
         across a large unused gap). The prefill rows' rebased query starts are derived here, on the host,
-        from the final (padded) query starts."""
+        from the final (padded) query starts. With `feed` (a fed step's previous sampled tokens, on the
+        device), the real rows' token ids are then gathered from it on the device."""
         h, b, nd = self.host, shape.num_seqs, shape.num_decodes
         np.subtract(h.qsl[nd:b + 1], h.qsl[nd], out=h.prefill_qsl[:b + 1 - nd])
-        for start, end in self._upload_ranges(shape):
+        for start, end in self._upload_ranges(shape, feed is not None):
             self.buffer[start:end].copy_(self.h_buffer[start:end], non_blocking=True)
         if self.device.type == "cuda":
             if self._uploaded is None:
                 self._uploaded = torch.cuda.Event()
             self._uploaded.record()
+        if feed is not None:
+            n = shape.num_logits  # the real rows: every fed row samples (padding rows do not)
+            torch.index_select(feed, 0, self.feed_rows[:n], out=self.input_ids[:n])
 
-    def _upload_ranges(self, shape: StepShape) -> list[tuple[int, int]]:
+    def _upload_ranges(self, shape: StepShape, fed: bool = False) -> list[tuple[int, int]]:
         """Byte ranges of the staging buffer a step uses, neighbours merged across gaps of at most
-        `_MERGE_GAP_BYTES`."""
+        `_MERGE_GAP_BYTES`. `fed`: the step's token ids come from `feed_rows` (`_upload`)."""
         t, b = shape.num_tokens, shape.num_seqs
         used = (("seq_lens", 4 * b), ("qsl", 4 * (b + 1)), ("prefill_qsl", 4 * (b + 1 - shape.num_decodes)),
-                ("logits_idx", 8 * shape.num_logits), ("input_ids", 8 * t), ("positions", 8 * t),
+                ("logits_idx", 8 * shape.num_logits), ("feed_rows", 8 * shape.num_logits if fed else 0),
+                ("input_ids", 8 * t), ("positions", 8 * t),
                 ("slots", 8 * t), ("block_tables", 4 * b * self.max_blocks_per_seq))
         ranges: list[tuple[int, int]] = []
         for name, nbytes in used:
@@ -259,8 +295,8 @@ class ModelRunner:
             prefill_query_start_loc=self.prefill_qsl[:b + 1 - nd],
         )
 
-    def _forward(self, shape: StepShape) -> torch.Tensor:
-        self._upload(shape)
+    def _forward(self, shape: StepShape, feed: torch.Tensor | None = None) -> torch.Tensor:
+        self._upload(shape, feed)
         t = shape.num_tokens
         return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(shape))
 
@@ -317,13 +353,13 @@ class ModelRunner:
         qsl[b + 1:b_pad + 1] = t
         return StepShape(t_pad, b_pad, 0, key.query_len, shape.num_logits, shape.table_width)
 
-    def _run(self, shape: StepShape) -> torch.Tensor:
+    def _run(self, shape: StepShape, feed: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states of the step's tokens [T, hidden]: from a graph when one fits, else eagerly."""
         key = self._graph_key(shape)
         if key is None:
-            return self._forward(shape)
+            return self._forward(shape, feed)
         assert self.graphs is not None
-        self._upload(self._pad(shape, key))
+        self._upload(self._pad(shape, key), feed)
         return self.graphs.replay(key)[:shape.num_tokens]
 
     def hidden_states(self, out: SchedulerOutput) -> torch.Tensor:
@@ -331,13 +367,19 @@ class ModelRunner:
         for work every rank stages identically by itself, such as fp8 calibration."""
         return self._forward(self.stage(out))
 
-    def execute(self, out: SchedulerOutput, all_logits: bool = False) -> torch.Tensor:
+    def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
-        plus one per draft token of a speculative decode; or every scheduled token when `all_logits`."""
+        plus one per draft token of a speculative decode; or every scheduled token when `all_logits`.
+        feed: the previous step's sampled tokens on the device, for a step of fed decodes (their rows'
+        `fed_from` index it); one rank only."""
+        if (feed is not None) != bool(out.scheduled and out.scheduled[0].fed_from is not None):
+            raise ValueError("a step of fed decodes needs the previous step's sampled tokens, and only it")
         shape = self.stage(out)
         if self.tp is not None:
+            if feed is not None:
+                raise RuntimeError("fed decode steps are not supported with tensor parallelism")
             self._lead(shape)
-        hidden = self._run(shape)
+        hidden = self._run(shape, feed)
         # Staged logits indices increase, so when every token needs logits (a decode step where every row
         # samples) they are 0..T-1: the rows are the hidden states as they are, no gather.
         if all_logits or shape.num_logits == shape.num_tokens:

@@ -15,16 +15,23 @@ from governor.engine.sequence import Sequence, SequenceStatus
 @dataclass(slots=True)
 class ScheduledSeq:
     """A sequence's share of a step. A decode may carry speculative draft tokens after its last token:
-    `num_spec` slots are reserved by the scheduler, `draft_tokens` filled by the proposer."""
+    `num_spec` slots are reserved by the scheduler, `draft_tokens` filled by the proposer.
+
+    A fed decode (`fed_from` set, `Scheduler.schedule_continuation`) is scheduled while the step before
+    is still running: its one token is the one that step samples for the sequence, not yet known on the
+    host, which the runner copies on the device from row `fed_from` of that step's sampled tokens."""
 
     seq: Sequence
     num_new_tokens: int
     num_spec: int = 0
     draft_tokens: list[int] = field(default_factory=list)
+    fed_from: int | None = None
 
     @property
     def samples(self) -> bool:
         """Whether this step reaches the end of the known tokens, so a new token is sampled."""
+        if self.fed_from is not None:
+            return True
         known = self.num_new_tokens - len(self.draft_tokens)
         return self.seq.num_computed_tokens + known == self.seq.num_tokens
 
@@ -247,6 +254,43 @@ class Scheduler:
             budget -= fit
 
         return SchedulerOutput(scheduled, admitted)
+
+    def schedule_continuation(self, rows: dict[int, int], ending: set[int]) -> SchedulerOutput | None:
+        """The next step, scheduled while the step in flight has yet to deliver its tokens: what `schedule`
+        will make of it once they are in, when that is certain up to stops the host cannot foresee.
+
+        rows: id(seq) -> its row among the in-flight step's sampled tokens, for every sequence that step
+        samples (each of them has computed all its known tokens). ending: ids of the sequences that the
+        in-flight step ends for sure (their token reaches max_tokens). Every other running sequence then
+        decodes its coming token, fed from its row (`ScheduledSeq.fed_from`), in running order, as
+        `schedule` orders decodes. A sequence the step ends by a stop token or string is in it too: its
+        row is computed and dropped.
+
+        None, allocating nothing, when `schedule` could do otherwise: a running sequence that is not in
+        `rows` (a prefill chunk, one left out of the step), draft slots to reserve, a waiting sequence it
+        could admit, a token budget too small for every decode, or too few free blocks (it would
+        preempt)."""
+        knobs = self.knobs
+        if knobs.num_speculative_tokens > 0:
+            return None
+        seqs = []
+        for seq in self.running:
+            if id(seq) not in rows:
+                return None
+            if id(seq) not in ending:
+                seqs.append(seq)
+        n = len(seqs)
+        if n == 0 or n > knobs.max_num_batched_tokens:
+            return None
+        if self.waiting and n < knobs.max_num_seqs and n < knobs.max_num_batched_tokens:
+            return None
+        bs = self.block_size
+        full = [seq for seq in seqs if seq.num_computed_tokens == len(seq.block_table) * bs]
+        if len(full) > self.block_pool.num_free:
+            return None
+        for seq, block in zip(full, self.block_pool.allocate(len(full)), strict=True):
+            seq.block_table.append(block)
+        return SchedulerOutput([ScheduledSeq(seq, 1, fed_from=rows[id(seq)]) for seq in seqs])
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark seq finished (running or still waiting) and return its blocks to the pool."""

@@ -22,6 +22,9 @@ class Sequence:
 
     Invariant: `num_computed_tokens <= num_tokens`, and the sequence's block table holds exactly
     ceil(num_computed_tokens / block_size) blocks after each step (more only while a step is in flight).
+    With async scheduling, between steps a sequence may have `num_computed_tokens == num_tokens`: a step
+    in flight computes the KV of its next token, which the host does not know yet; and within a step,
+    one more, until that token is appended (`LLMEngine._complete`).
     """
 
     request_id: str
