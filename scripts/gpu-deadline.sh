@@ -1,5 +1,5 @@
-# Sourced by the GPU scripts that run under one deadline (scripts/gpu-issue9-measure.sh, gpu-issue9-fused.sh),
-# after they set T0 (start, in $SECONDS), DEADLINE_S, OUT and R (the results folder, tarred into
+# Sourced by the GPU scripts that run under one deadline (scripts/gpu-issue9-measure.sh, gpu-issue9-fused.sh,
+# gpu-issue9-async.sh), after they set T0 (start, in $SECONDS), DEADLINE_S, OUT and R (the results folder, tarred into
 # $OUT/results.tgz after each stage). `stage NAME MAX_S MIN_S COMMAND...` runs a stage under min(MAX_S, time
 # left) and skips it when less than MIN_S is left; `run_py LOG ARGS...` runs python3 ARGS under that limit.
 quiet() { grep -vE "Writing model shards|Loading|INFO governor|it/s\]|Warning: |generation flags" || true; }

@@ -24,12 +24,18 @@ milliseconds per step() call of each phase as JSON:
   end of its sampling (or argmax and token copy), and from the previous step's end to this step's first
   upload -- the time the GPU waits for the host. With async scheduling the next step is queued before the
   running one ends, so the idle time is what is left of the host's lag.
+
+Beside the medians, `decode` sums the timed steps: wall time, step mean/p90/p99/max, GPU busy and idle
+totals, and the time the garbage collector ran (gc.callbacks) with its count of full (generation 2) runs.
+`--gc-freeze` calls gc.freeze() after the warm-up, moving every object alive then out of the collector's
+reach, as a server would after start-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import random
 import statistics
@@ -80,6 +86,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
     ap.add_argument("engine_args", nargs="*", help="EngineConfig fields as key=value")
     a = ap.parse_intermixed_args()
     kwargs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in a.engine_args)}
@@ -102,6 +109,18 @@ def main() -> None:
     # Warm-up: a few requests through prefill and decode (allocator, kernels, graphs).
     llm.generate([prompt() for _ in range(min(a.batch, 4))],
                  SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+
+    if a.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    collections = {"s": 0.0, "full": 0, "t0": 0.0}
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections["t0"] = time.perf_counter()
+        else:
+            collections["s"] += time.perf_counter() - collections["t0"]
+            collections["full"] += info["generation"] == 2
 
     timer = PhaseTimer()
     sched, runner = eng.scheduler, eng.runner
@@ -171,6 +190,8 @@ def main() -> None:
     ends.clear()
 
     step_ms: list[float] = []
+    gc.callbacks.append(on_gc)
+    decode_t0 = time.perf_counter()
     while eng.has_unfinished_requests():
         t0 = time.perf_counter()
         eng.step()
@@ -178,6 +199,8 @@ def main() -> None:
         timer.steps.append(dict(timer.current))
         timer.current.clear()
     sync()
+    decode_wall = time.perf_counter() - decode_t0
+    gc.callbacks.remove(on_gc)
 
     rows = []
     for s, total in zip(timer.steps, step_ms, strict=True):
@@ -199,9 +222,18 @@ def main() -> None:
             gpu.append({"gpu_busy": st.elapsed_time(en)} | ({"gpu_idle": ends[i - 1].elapsed_time(st)} if i else {}))
     keys = list(dict.fromkeys(k for r in rows + gpu for k in r))
     medians = {k: round(statistics.median(r[k] for r in rows + gpu if k in r), 4) for k in keys}
+    ordered = sorted(step_ms)
+    decode = {"wall_s": round(decode_wall, 4), "step_mean_ms": round(statistics.fmean(step_ms), 4),
+              "step_p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 4),
+              "step_p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))], 4), "step_max_ms": round(ordered[-1], 4),
+              "gc_s": round(collections["s"], 4), "gc_full_runs": collections["full"]}
+    if gpu:
+        decode["gpu_busy_s"] = round(sum(g["gpu_busy"] for g in gpu) / 1e3, 4)
+        decode["gpu_idle_s"] = round(sum(g.get("gpu_idle", 0.0) for g in gpu) / 1e3, 4)
     report = {"device": str(eng.device), "batch": a.batch, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
               "cuda_graphs": runner.graphs is not None, "async_scheduling": eng.config.async_scheduling,
-              "timed_steps": len(rows), "gpu_steps": len(gpu), "median_ms": medians}
+              "gc_freeze": a.gc_freeze, "timed_steps": len(rows), "gpu_steps": len(gpu), "median_ms": medians,
+              "decode": decode}
     print(json.dumps(report, indent=1))
     llm.close()
 

@@ -130,6 +130,8 @@ class LLMEngine:
             self._init_rank0(backend)
             if self.use_cuda_graphs:
                 self._capture_cuda_graphs()
+            if self.device.type == "cuda" and backend == "triton":
+                self._warm_up_kernels()
         except BaseException:
             self.close()
             raise
@@ -205,6 +207,41 @@ class LLMEngine:
         log.info("CUDA graphs: %d captured in %.1f s (decode batch sizes up to %d%s)", graphs.num_captures,
                  self.cuda_graph_capture_s, self.config.seqs_cap,
                  f", verification at {1 + self.config.spec_cap} tokens per sequence" if self.config.spec_cap else "")
+
+    def _warm_up_kernels(self) -> None:
+        """Compile the Triton kernels of prefill and mixed steps now rather than on the first requests.
+
+        Triton compiles a kernel once per specialization: besides its constexprs, each integer argument
+        is told apart as 1, a multiple of 16, or neither. Decode steps are compiled by the graph capture;
+        these throwaway steps give the eager ones -- prefill chunks alone and after decodes, one and
+        several sequences -- token and sequence counts of each kind. Their blocks come from the pool and
+        go back to it unhashed (what they write there is never read); no counter moves. A step that does
+        not fit the hard caps, max_model_len or the free blocks is left out."""
+        t0 = time.perf_counter()
+        params = SamplingParams(temperature=0.0, max_tokens=1)
+        # (decodes, prefill chunk lengths): decodes are 6-token sequences with their last token to compute.
+        steps = [(0, (32,)), (0, (33,)), (0, (17, 16)), (1, (16,)), (3, (29,)), (16, (17,)), (16, (16,))]
+        for num_decodes, prefills in steps:
+            scheduled = []
+            for _ in range(num_decodes):
+                seq = Sequence("warm-up", -1, [1] * 5, params, 1, output_token_ids=[1])
+                seq.num_computed_tokens = 5
+                scheduled.append(ScheduledSeq(seq, 1))
+            scheduled += [ScheduledSeq(Sequence("warm-up", -1, [1] * n, params, 1), n) for n in prefills]
+            blocks = sum(-(-s.seq.num_tokens // self.block_size) for s in scheduled)
+            if (len(scheduled) > self.config.seqs_cap or num_decodes + sum(prefills) > self.config.tokens_cap
+                    or max(prefills) > self.max_model_len or blocks > self.block_pool.num_free):
+                continue
+            try:
+                for s in scheduled:
+                    self.scheduler.allocate(s.seq, s.num_new_tokens)
+                self._execute(SchedulerOutput(scheduled))
+            finally:
+                for s in scheduled:
+                    self.block_pool.free(s.seq.block_table[::-1])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        log.info("kernels of prefill and mixed steps compiled in %.1f s", time.perf_counter() - t0)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one

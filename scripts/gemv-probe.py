@@ -1,0 +1,91 @@
+"""Time the decode GEMMs of a llama3-8b layer (and its lm_head) at small batch sizes under each BLAS backend
+torch offers on CUDA (cuBLAS, cuBLASLt), inside CUDA graphs so launch overhead is not counted.
+
+    python scripts/gemv-probe.py [--batches 1,8,32] [--reps 20] [--output-json FILE]
+
+Prints, per backend, shape and batch: microseconds per matmul and the weight bytes read per second, beside a
+1 GiB device-to-device copy's bandwidth measured in the same process. Weights are random bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
+          "lm_head": (4096, 128256)}
+
+
+def copy_gb_per_s() -> float:
+    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * 10 * a.numel() / (start.elapsed_time(end) * 1e-3) / 1e9
+
+
+def time_matmul(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
+    """Microseconds per F.linear(x, w), from a CUDA graph of `reps` of them replayed 5 times."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            F.linear(x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            F.linear(x, w)
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (5 * reps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--output-json")
+    a = ap.parse_args()
+    batches = [int(b) for b in a.batches.split(",")]
+    copy = copy_gb_per_s()
+    rows = []
+    for backend in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(backend)
+        for name, (k, n) in SHAPES.items():
+            w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+            for m in batches:
+                x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+                us = time_matmul(x, w, a.reps)
+                gbs = w.numel() * 2 / (us * 1e-6) / 1e9
+                rows.append({"backend": backend, "gemm": name, "k": k, "n": n, "batch": m, "us": round(us, 2),
+                             "weight_gb_per_s": round(gbs), "fraction_of_copy": round(gbs / copy, 3)})
+                print(f"{backend:8} {name:8} {k:6}x{n:<6} m={m:<3} {us:8.1f} us {gbs:6.0f} GB/s "
+                      f"{100 * gbs / copy:4.0f}% of copy", flush=True)
+            del w
+    layer = {b: {m: sum(r["us"] for r in rows if r["backend"] == b and r["batch"] == m and r["gemm"] != "lm_head")
+                 for m in batches} for b in ("cublas", "cublaslt")}
+    print(f"copy {copy:.0f} GB/s; per-layer GEMM us (qkv+o+gate_up+down): {json.dumps(layer)}")
+    if a.output_json:
+        with open(a.output_json, "w") as f:
+            json.dump({"copy_gb_per_s": copy, "rows": rows, "layer_us": layer,
+                       "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
