@@ -21,7 +21,8 @@ from governor.engine import LLM, SamplingParams
 
 
 def kernels(cache: Path) -> set[str]:
-    return {p.name for p in cache.rglob("*.json") if not p.name.startswith("__grp__")}
+    """Compiled kernels in the cache, one per specialization: its hash folder and the kernel's name."""
+    return {str(p.relative_to(cache)) for p in cache.rglob("*.json") if not p.name.startswith("__grp__")}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@
 # other setting default), then `governor bench serve` at max concurrency 1, 16, 64 and 256 (closed loop:
 # requests sent back to back up to that many in flight), 512-word prompts, 128 output tokens, ignore_eos,
 # return_token_ids (so the client times every token: most of a random model's ids decode to no text).
+# EXTRA_SERVE adds `governor serve` flags (e.g. --no-async-scheduling).
 # DRY=1 runs the same flow on CPU with the tiny preset (to check the script, not to measure).
 set -uo pipefail
 if [ "${DRY:-0}" = 1 ]; then
@@ -28,7 +29,8 @@ if [ "${DRY:-0}" = 1 ]; then
 else
   gov make-model "$M" --arch llama --preset "$PRESET" --no-weights --dtype bfloat16 >/dev/null 2>&1
 fi
-gov serve "$M" "${SERVE[@]}" --served-model-name bench --host 127.0.0.1 --port $PORT >"$OUT/server.log" 2>&1 &
+# shellcheck disable=SC2086  # EXTRA_SERVE is a list of flags
+gov serve "$M" "${SERVE[@]}" ${EXTRA_SERVE:-} --served-model-name bench --host 127.0.0.1 --port $PORT >"$OUT/server.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 300); do

@@ -26,7 +26,7 @@ from governor.engine.bench_cache import random_ids
 from governor.engine.bench_throughput import sync_device
 from governor.engine.kv.cache import bytes_per_block
 from governor.engine.llm import LLM
-from governor.engine.llm_engine import LLMEngine
+from governor.engine.llm_engine import LLMEngine, startup_objects_frozen
 from governor.engine.sampling_params import SamplingParams
 
 
@@ -128,7 +128,8 @@ def bench_latency(model: str, engine_args: dict[str, Any], context: int, batches
     with LLM(model, **engine_args) as llm:
         eng = llm.engine
         _timed_batch(eng, 1, context, min(new_tokens, 8), rng)  # warm-up: kernel compilation, allocator
-        rows = [_timed_batch(eng, b, context, new_tokens, rng) for b in batches]
+        with startup_objects_frozen():  # as `governor serve` has them once its engine has started
+            rows = [_timed_batch(eng, b, context, new_tokens, rng) for b in batches]
         graphs = eng.runner.graphs
         info: dict[str, Any] = {
             "model_digest": eng.model_digest, "dtype": str(eng.dtype), "device": str(eng.device),

@@ -56,6 +56,7 @@ def hardware() -> dict[str, Any]:
 
 def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> dict[str, Any]:
     from governor.engine import LLM, SamplingParams
+    from governor.engine.llm_engine import startup_objects_frozen
 
     with LLM(model, **engine_args) as llm:
         eng = llm.engine
@@ -63,11 +64,12 @@ def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> d
         params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
         # Warm-up (kernel compilation, allocator) on a small slice, not timed.
         llm.generate([p[:16] for p in prompts[:2]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-        sync_device()
-        t0 = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-        sync_device()
-        elapsed = time.perf_counter() - t0
+        with startup_objects_frozen():  # as `governor serve` has them once its engine has started
+            sync_device()
+            t0 = time.perf_counter()
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            sync_device()
+            elapsed = time.perf_counter() - t0
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = llm.stats()
     return {

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -708,6 +711,28 @@ class LLMEngine:
             "requests_waiting": len(self.scheduler.waiting),
             **self.counters,
         }
+
+
+def freeze_startup_objects() -> None:
+    """After one full collection, move every object alive now out of the garbage collector's reach
+    (gc.freeze): for a process whose engine lives as long as it does (a server, a benchmark), once the engine
+    has started. Otherwise each full collection rescans the hundreds of thousands of objects of torch, the
+    model and the engine: a pause of 0.1-0.3 s (measured on the throughput workload) that stalls whichever
+    step it falls in. Objects frozen are still freed when their last reference goes; only reference cycles
+    among them are never collected, which is why a library call (`LLM`) does not do this by itself."""
+    gc.collect()
+    gc.freeze()
+
+
+@contextlib.contextmanager
+def startup_objects_frozen() -> Iterator[None]:
+    """`freeze_startup_objects` for a timed run inside a longer process (a benchmark called from tests):
+    the objects are given back to the collector (gc.unfreeze) when it ends."""
+    freeze_startup_objects()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _stop_workers(tp: TPGroup, workers: WorkerProcesses) -> None:

@@ -13,7 +13,7 @@ import uvicorn
 
 from governor import contract
 from governor.engine.config import EngineConfig
-from governor.engine.llm_engine import LLMEngine
+from governor.engine.llm_engine import LLMEngine, freeze_startup_objects
 from governor.engine.server.app import ServerState, create_app
 from governor.engine.server.async_engine import AsyncEngine
 from governor.engine.server.metrics import EngineMetrics
@@ -76,6 +76,7 @@ def serve(config: EngineConfig, host: str, port: int, served_model_name: str | N
     def load() -> None:
         try:
             engine = LLMEngine(config)
+            freeze_startup_objects()
             metrics.set_info({"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
                               "served_model_name": name,
                               "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch.")})
