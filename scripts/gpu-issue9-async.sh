@@ -6,7 +6,7 @@
 # 1b. compile-check: with an empty Triton cache, which kernels still compile once requests run after the engine
 #    started (scripts/compile-check.py, llama3-8b shape as served).
 # 2. throughput: qwen3-0.6b shape, 256 prompts, input 100, output 1024, ignore_eos: the engine with async
-#    scheduling (the default), then one step at a time (--no-async-scheduling), then async with an fp8 KV cache.
+#    scheduling (the default), then one step at a time (--no-async-scheduling), then both with an fp8 KV cache.
 # 3. host: per-phase host time and GPU busy/idle of that workload's decode steps (scripts/profile-host.py), async
 #    and one step at a time.
 # 4. hf-static: transformers generate on the same workload, static cache, batch 256 (the baseline).
@@ -89,6 +89,7 @@ stage compile-check 90 40 compile_check
 stage throughput 80 40 thr async
 stage throughput-sync 80 40 thr sync --no-async-scheduling
 stage throughput-fp8 80 40 thr async-fp8 --kv-cache-dtype fp8
+stage throughput-fp8-sync 80 40 thr sync-fp8 --kv-cache-dtype fp8 --no-async-scheduling
 stage host 70 30 host host-async
 stage host-sync 70 30 host host-sync async_scheduling=false
 stage hf-static 160 100 thr hf-static-$HF_BATCH --backend hf --hf-batch-size $HF_BATCH \

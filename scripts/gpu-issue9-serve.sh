@@ -9,7 +9,8 @@
 # other setting default), then `governor bench serve` at max concurrency 1, 16, 64 and 256 (closed loop:
 # requests sent back to back up to that many in flight), 512-word prompts, 128 output tokens, ignore_eos,
 # return_token_ids (so the client times every token: most of a random model's ids decode to no text).
-# EXTRA_SERVE adds `governor serve` flags (e.g. --no-async-scheduling).
+# EXTRA_SERVE adds `governor serve` flags (e.g. --no-async-scheduling); LEVELS_ONLY="16 64" with
+# PROMPTS_ONLY="96 256" runs only those levels.
 # DRY=1 runs the same flow on CPU with the tiny preset (to check the script, not to measure).
 set -uo pipefail
 if [ "${DRY:-0}" = 1 ]; then
@@ -19,6 +20,10 @@ else
   . scripts/gpu-env.sh
   PRESET=llama3-8b SERVE=(--load-format dummy --dtype bfloat16 --max-model-len 4096) IN=512 OUTLEN=128
   LEVELS=(1 16 64 256) PROMPTS=(16 96 256 512)
+fi
+if [ -n "${LEVELS_ONLY:-}" ]; then
+  read -r -a LEVELS <<<"$LEVELS_ONLY"
+  read -r -a PROMPTS <<<"$PROMPTS_ONLY"
 fi
 . scripts/gpu-stages.sh
 M=/tmp/issue9s/$PRESET
