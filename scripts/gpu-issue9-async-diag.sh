@@ -11,6 +11,7 @@ DEADLINE_S=${DEADLINE_S:-560}
 Q=qwen3-0.6b QM=/tmp/issue9a/qwen3-qwen3-0.6b R=/tmp/issue9a/diag
 mkdir -p "$R"
 exec > >(tee -a "$OUT/run.log") 2>&1
+git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
 . scripts/gpu-deadline.sh
 HOST=(--device cuda --batch 256 --prompt-len 100 --new-tokens 1024 dtype=bfloat16 max_model_len=40960)
 W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)

@@ -44,6 +44,7 @@ LM=/tmp/issue9a/llama-$L QM=/tmp/issue9a/qwen3-$Q R=/tmp/issue9a/results
 mkdir -p "$R"
 exec > >(tee -a "$OUT/run.log") 2>&1
 cp "$OUT/gpu.txt" "$R/" 2>/dev/null || true
+git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
 . scripts/gpu-deadline.sh
 tests() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }

@@ -42,24 +42,6 @@ def count_fed_steps(engine: LLMEngine) -> list[int]:
     return fed
 
 
-def count_launches_after_reading(engine: LLMEngine) -> list[int]:
-    """Count the calls that read a step in flight whose next step could not be launched first (arrivals,
-    blocks short) and then scheduled and launched one, left running."""
-    count = [0]
-    inner = engine.step
-
-    def step() -> StepResult:
-        prev = engine._in_flight
-        result = inner()
-        after = engine._in_flight
-        if prev is not None and after is not None and after.sampling and after.sampling[0].fed_from is None:
-            count[0] += 1
-        return result
-
-    engine.step = step  # type: ignore[method-assign]
-    return count
-
-
 Trace = dict[str, list[tuple[int | None, str, str | None]]]
 
 
@@ -149,11 +131,9 @@ def check_same_events(path: str, kwargs: dict[str, Any]) -> LLMEngine:
 
     engine = make_engine(path, True, **kwargs)
     fed = count_fed_steps(engine)
-    launched_after_reading = count_launches_after_reading(engine)
     got = drive(engine, workload(stops))
     assert got == expected
     assert fed[0] > 10, "hardly any step was launched ahead: the test would not see async scheduling"
-    assert launched_after_reading[0] > 0, "no call read a step it could not continue and then launched one"
     engine.block_pool.check_invariants()
     assert engine.block_pool.num_used == 0 and not engine.scheduler.running and not engine._requests
     return engine

@@ -397,20 +397,16 @@ class LLMEngine:
         one is already certain (`Scheduler.schedule_continuation`): its tokens are fed on the device,
         and the host reads and handles this step's tokens while the device runs it. That step is then
         the one in flight between calls, and the next call launches the one after it before reading it.
-        When the next step is not certain, the call reads the step in flight first, then schedules the
-        next one as usual and leaves it running. Each call returns the tokens of one step, as soon as
-        they are on the host."""
+        Each call still returns the tokens of one step, as soon as they are on the host."""
         result = StepResult([], [])
         self._expire_deadlines(result)
         prev, self._in_flight = self._in_flight, None
         if prev is not None:
-            # Its tokens are this call's, whether or not the next step could be launched before them.
+            # Its tokens are this call's, whether or not the next step can be launched first: when it
+            # cannot, the next call schedules it (handing these tokens out does not wait for another step).
             self._in_flight = self._launch_continuation(prev)
             self._complete(prev, result)
-            if self._in_flight is not None or not self._may_defer():
-                return result
-            # It could not (new requests to admit, blocks short, ...): schedule it now, launch it and leave it
-            # running for the next call to read, so handing out prev's tokens does not wait for it.
+            return result
         out = self.scheduler.schedule()
         if not out.scheduled:
             return result
@@ -431,9 +427,6 @@ class LLMEngine:
                 settle(s.seq)
         if self._deferrable(sampling, logits):
             launched = self._launched(sampling, logits)
-            if prev is not None:
-                self._in_flight = launched
-                return result
             self._in_flight = self._launch_continuation(launched)
             self._complete(launched, result)
             return result
@@ -457,12 +450,6 @@ class LLMEngine:
         return result
 
     # --- async scheduling -----------------------------------------------------------------------
-
-    def _may_defer(self) -> bool:
-        """Whether the next step's tokens could stay on the device (`_deferrable`, as far as it can be told
-        before scheduling: no request needs more than the argmax, and no draft slots will be reserved)."""
-        return (self._async and self._num_not_argmax == 0
-                and (self.proposer is None or self.knobs.num_speculative_tokens == 0))
 
     def _deferrable(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> bool:
         """Whether a step's tokens can stay on the device a while: async scheduling is on, some sequence
