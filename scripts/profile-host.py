@@ -147,16 +147,19 @@ def main() -> None:
 
     inner_sample = eng._sample
 
+    def record_end() -> None:  # the step's GPU work ends here (its sampling, or its argmax and token copy)
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ends.append(ev)
+
     def sample(*args: Any, **kwargs: Any) -> Any:
         if cuda:
             t0 = time.perf_counter()
             torch.cuda.current_stream(eng.device).synchronize()
             timer.current["gpu_wait"] += time.perf_counter() - t0
         out = inner_sample(*args, **kwargs)
-        if cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            ends.append(ev)
+        record_end()
         return out
     eng._sample = timer.wrap("_sample", sample)  # type: ignore[method-assign]
 
@@ -164,10 +167,7 @@ def main() -> None:
 
     def launched(*args: Any, **kwargs: Any) -> Any:
         flight = inner_launched(*args, **kwargs)
-        if cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            ends.append(ev)
+        record_end()
         return flight
 
     def complete(flight: Any, result: Any) -> Any:

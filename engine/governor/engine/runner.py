@@ -210,14 +210,20 @@ class ModelRunner:
             if p + 1 == seq.num_tokens:  # ScheduledSeq.samples for a row of one known token
                 sampling.append(i)
         h = self.host
+        self._write_decode_rows(positions, blocks)
+        h.input_ids[:n] = tokens
+        h.logits_idx[:len(sampling)] = sampling  # a row's only token is token i
+        return len(sampling)
+
+    def _write_decode_rows(self, positions: list[int], blocks: list[int]) -> None:
+        """Rows 0..n-1 as one-token rows at `positions` (`blocks`: the block of each): their positions, KV
+        slots, context lengths and query starts."""
+        n, bs, h = len(positions), self.block_size, self.host
         pos = h.positions[:n]
         pos[:] = positions
-        h.input_ids[:n] = tokens
         h.slots[:n] = np.asarray(blocks, dtype=np.int64) * bs + pos % bs
         h.seq_lens[:n] = pos + 1
         h.qsl[1:n + 1] = self._iota[1:n + 1]
-        h.logits_idx[:len(sampling)] = sampling  # a row's only token is token i
-        return len(sampling)
 
     def _stage_fed(self, scheduled: list[ScheduledSeq]) -> StepShape:
         """Stage a step of fed decodes: every row one query token at the sequence's next position (its
@@ -235,13 +241,9 @@ class ModelRunner:
             blocks.append(seq.block_table[p // bs])
             rows.append(s.fed_from)
         h = self.host
-        pos = h.positions[:n]
-        pos[:] = positions
+        self._write_decode_rows(positions, blocks)
         h.feed_rows[:n] = rows
-        h.slots[:n] = np.asarray(blocks, dtype=np.int64) * bs + pos % bs
-        h.seq_lens[:n] = pos + 1
         h.qsl[0] = 0
-        h.qsl[1:n + 1] = self._iota[1:n + 1]
         h.logits_idx[:n] = self._iota[:n]
         return StepShape(n, n, n, 1, n, width)
 
