@@ -13,13 +13,14 @@ from tests.test_engine_parity import greedy, mixed_prompts
 
 
 @pytest.mark.parametrize("settings", [{}, {"max_num_seqs": 4, "enable_prefix_caching": True},
-                                      {"max_num_batched_tokens": 20, "block_size": 4}])
+                                      {"max_num_batched_tokens": 20, "block_size": 4},
+                                      {"max_model_len": 20}])  # shorter than some warm-up prefills
 def test_warm_up_leaves_no_trace(hf_checkpoint, settings: dict[str, Any]) -> None:
     path = str(hf_checkpoint("qwen3"))
-    prompts = mixed_prompts(6, seed=17)
-    expected = [o.outputs[0].token_ids for o in LLM(path, dtype="float32", max_model_len=128,
-                                                     **settings).generate(prompts, greedy(10))]
-    llm = LLM(path, dtype="float32", max_model_len=128, **settings)
+    settings = {"dtype": "float32", "max_model_len": 128, **settings}
+    prompts = mixed_prompts(6, seed=17, hi=8)
+    expected = [o.outputs[0].token_ids for o in LLM(path, **settings).generate(prompts, greedy(10))]
+    llm = LLM(path, **settings)
     engine = llm.engine
     before = engine.stats()
     calls = [0]

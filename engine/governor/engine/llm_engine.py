@@ -232,8 +232,9 @@ class LLMEngine:
                 scheduled.append(ScheduledSeq(seq, 1))
             scheduled += [ScheduledSeq(Sequence("warm-up", -1, [1] * n, params, 1), n) for n in prefills]
             blocks = sum(-(-s.seq.num_tokens // self.block_size) for s in scheduled)
+            longest = max(s.seq.num_tokens for s in scheduled)
             if (len(scheduled) > self.config.seqs_cap or num_decodes + sum(prefills) > self.config.tokens_cap
-                    or max(prefills) > self.max_model_len or blocks > self.block_pool.num_free):
+                    or longest > self.max_model_len or blocks > self.block_pool.num_free):
                 continue
             try:
                 for s in scheduled:
