@@ -33,10 +33,11 @@ def count_fed_steps(engine: LLMEngine) -> list[int]:
     fed = [0]
     inner = engine.runner.execute
 
-    def execute(out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None) -> torch.Tensor:
+    def execute(out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
+                fp32_logits: bool = True) -> torch.Tensor:
         if feed is not None:
             fed[0] += 1
-        return inner(out, all_logits, feed)
+        return inner(out, all_logits, feed, fp32_logits)
 
     engine.runner.execute = execute  # type: ignore[method-assign]
     return fed

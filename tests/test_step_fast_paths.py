@@ -59,6 +59,29 @@ def test_plain_greedy_batch_gets_the_tokens_of_the_general_sampler(llm: LLM, mon
     assert all(len(o.outputs[0].logprobs or []) == 12 for o in general)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_argmax_steps_take_model_dtype_logits_and_the_tokens_of_fp32_ones(hf_checkpoint,
+                                                                         async_scheduling: bool) -> None:
+    """A bf16 model: a step whose tokens are all argmaxes skips widening its logits to fp32; its tokens are
+    those of the general sampler, which widens them (logprobs=0 keeps requests greedy but takes that path)."""
+    bf16 = LLM(str(hf_checkpoint("llama")), dtype="bfloat16", max_model_len=256, async_scheduling=async_scheduling)
+    dtypes: list[torch.dtype] = []
+    inner = bf16.engine.runner.execute
+
+    def execute(*args: Any, **kwargs: Any) -> torch.Tensor:
+        logits = inner(*args, **kwargs)
+        dtypes.append(logits.dtype)
+        return logits
+    bf16.engine.runner.execute = execute  # type: ignore[method-assign]
+    prompts = mixed_prompts(5, seed=23)
+    fast = bf16.generate(prompts, greedy(12))
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    dtypes.clear()
+    general = bf16.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0))
+    assert dtypes and set(dtypes) == {torch.float32}
+    assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in general]
+
+
 def test_count_of_requests_needing_the_sampler_follows_adds_finishes_aborts_and_timeouts(llm: LLM) -> None:
     engine = llm.engine
     kinds = [greedy(3), SamplingParams(temperature=0.8, max_tokens=5, seed=1),

@@ -258,14 +258,14 @@ class LLMEngine:
     def closed(self) -> bool:
         return self._finalizer is not None and not self._finalizer.alive
 
-    def _execute(self, out: SchedulerOutput, all_logits: bool = False,
-                 feed: torch.Tensor | None = None) -> torch.Tensor:
+    def _execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
+                 fp32_logits: bool = True) -> torch.Tensor:
         """The runner's step, after checking that every rank is there to run it."""
         if self._workers is not None:
             if self.closed:
                 raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
             self._workers.check_alive()
-        return self.runner.execute(out, all_logits, feed)
+        return self.runner.execute(out, all_logits, feed, fp32_logits)
 
     def _make_proposer(self, backend: str) -> Proposer | None:
         spec = self.config.speculative_config
@@ -416,7 +416,8 @@ class LLMEngine:
             if seq.first_scheduled_at is None:
                 seq.first_scheduled_at = now
         draft_probs = self._propose(out.scheduled)
-        logits = self._execute(out)
+        # A step whose every token is an argmax takes it over the model-dtype logits (same tokens).
+        logits = self._execute(out, fp32_logits=not self._argmax_step(out))
         self.counters["steps"] += 1
         sampling: list[ScheduledSeq] = []
         settle = self.scheduler.settle_blocks
@@ -452,6 +453,12 @@ class LLMEngine:
 
     # --- async scheduling -----------------------------------------------------------------------
 
+    def _argmax_step(self, out: SchedulerOutput) -> bool:
+        """Whether every token a scheduled step samples is the argmax of its logits row: every live request
+        is greedy without logprobs, and no sequence carries drafts (verification reads whole rows)."""
+        return self._num_not_argmax == 0 and (self.proposer is None
+                                              or not any(s.draft_tokens for s in out.scheduled))
+
     def _deferrable(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> bool:
         """Whether a step's tokens can stay on the device a while: async scheduling is on, some sequence
         samples, none with drafts (one logits row each), and every live request takes the argmax."""
@@ -484,7 +491,7 @@ class LLMEngine:
         out = self.scheduler.schedule_continuation(rows, ending)
         if out is None:
             return None
-        logits = self._execute(out, feed=prev.tokens)
+        logits = self._execute(out, feed=prev.tokens, fp32_logits=False)  # its tokens are argmaxes
         self.counters["steps"] += 1
         settle = self.scheduler.settle_blocks
         for s in out.scheduled:  # one past the known tokens until prev's token joins them (`_complete`)

@@ -369,11 +369,13 @@ class ModelRunner:
         for work every rank stages identically by itself, such as fp8 calibration."""
         return self._forward(self.stage(out))
 
-    def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None) -> torch.Tensor:
+    def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
+                fp32_logits: bool = True) -> torch.Tensor:
         """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
         plus one per draft token of a speculative decode; or every scheduled token when `all_logits`.
         feed: the previous step's sampled tokens on the device, for a step of fed decodes (their rows'
-        `fed_from` index it); one rank only."""
+        `fed_from` index it); one rank only. fp32_logits=False: logits in the model's dtype, for a step
+        whose tokens are only argmaxes (`CausalLM.compute_logits`)."""
         if (feed is not None) != bool(out.scheduled and out.scheduled[0].fed_from is not None):
             raise ValueError("a step of fed decodes needs the previous step's sampled tokens, and only it")
         shape = self.stage(out)
@@ -385,8 +387,8 @@ class ModelRunner:
         # Staged logits indices increase, so when every token needs logits (a decode step where every row
         # samples) they are 0..T-1: the rows are the hidden states as they are, no gather.
         if all_logits or shape.num_logits == shape.num_tokens:
-            return self.model.compute_logits(hidden)
-        return self.model.compute_logits(hidden[self.logits_idx[:shape.num_logits]])
+            return self.model.compute_logits(hidden, fp32_logits)
+        return self.model.compute_logits(hidden[self.logits_idx[:shape.num_logits]], fp32_logits)
 
     # --- tensor parallelism: rank 0 leads, workers follow ---------------------------------------
 

@@ -210,11 +210,15 @@ class CausalLM(nn.Module):
         return self.norm.add_forward(h, residual, fused)[0]
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+        """Logits of each row of `hidden`: fp32, or (fp32=False) in the model's dtype as the lm_head GEMM
+        gives them, for callers that only take their argmax (widening to fp32 keeps every value, so the
+        argmax is the same: it saves a [rows, vocab] fp32 copy a step)."""
         if self.lm_head is None:
             raise RuntimeError("this model was built without lm_head (a tensor-parallel worker): it computes "
                                "no logits")
-        return F.linear(hidden, self.lm_head).float()
+        logits = F.linear(hidden, self.lm_head)
+        return logits.float() if fp32 else logits
 
     @torch.inference_mode()
     def load_weights(self, weights: Iterable[tuple[str, LazyTensor]]) -> None:
