@@ -394,7 +394,7 @@ class LLMEngine:
         """Run one scheduled step: token events for every request that advanced, outputs of finished ones.
 
         With async scheduling, a step whose every request is greedy without logprobs and without drafts
-        (`_deferrable`) is launched and its tokens are read after the next step is launched, when that
+        (`_argmax_step`) is launched and its tokens are read after the next step is launched, when that
         one is already certain (`Scheduler.schedule_continuation`): its tokens are fed on the device,
         and the host reads and handles this step's tokens while the device runs it. That step is then
         the one in flight between calls, and the next call launches the one after it before reading it.
@@ -417,7 +417,8 @@ class LLMEngine:
                 seq.first_scheduled_at = now
         draft_probs = self._propose(out.scheduled)
         # A step whose every token is an argmax takes it over the model-dtype logits (same tokens).
-        logits = self._execute(out, fp32_logits=not self._argmax_step(out))
+        argmax_step = self._argmax_step(out)
+        logits = self._execute(out, fp32_logits=not argmax_step)
         self.counters["steps"] += 1
         sampling: list[ScheduledSeq] = []
         settle = self.scheduler.settle_blocks
@@ -427,7 +428,7 @@ class LLMEngine:
             s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
             if not s.draft_tokens:
                 settle(s.seq)
-        if self._deferrable(sampling, logits):
+        if self._async and argmax_step and sampling:  # its tokens can stay on the device a while
             launched = self._launched(sampling, logits)
             self._in_flight = self._launch_continuation(launched)
             self._complete(launched, result)
@@ -455,14 +456,10 @@ class LLMEngine:
 
     def _argmax_step(self, out: SchedulerOutput) -> bool:
         """Whether every token a scheduled step samples is the argmax of its logits row: every live request
-        is greedy without logprobs, and no sequence carries drafts (verification reads whole rows)."""
+        is greedy without logprobs, and no sequence carries drafts (verification reads whole rows; without
+        drafts the logits rows are the sampling sequences', one each)."""
         return self._num_not_argmax == 0 and (self.proposer is None
                                               or not any(s.draft_tokens for s in out.scheduled))
-
-    def _deferrable(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> bool:
-        """Whether a step's tokens can stay on the device a while: async scheduling is on, some sequence
-        samples, none with drafts (one logits row each), and every live request takes the argmax."""
-        return self._async and bool(sampling) and len(sampling) == logits.shape[0] and self._num_not_argmax == 0
 
     def _launched(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> _InFlight:
         """Take the argmax of each row on the device and start copying the tokens to the host."""
@@ -724,9 +721,9 @@ class LLMEngine:
 def freeze_startup_objects() -> None:
     """After one full collection, move every object alive now out of the garbage collector's reach
     (gc.freeze): for a process whose engine lives as long as it does (a server, a benchmark), once the engine
-    has started. Otherwise each full collection rescans the hundreds of thousands of objects of torch, the
-    model and the engine: a pause of 0.1-0.3 s (measured on the throughput workload) that stalls whichever
-    step it falls in. Objects frozen are still freed when their last reference goes; only reference cycles
+    has started. Otherwise each full collection rescans every object of torch, the model and the engine: a
+    pause of 0.18-0.29 s (`scripts/profile-host.py`, throughput workload, H100) that stalls whichever step it
+    falls in. Objects frozen are still freed when their last reference goes; only reference cycles
     among them are never collected, which is why a library call (`LLM`) does not do this by itself."""
     gc.collect()
     gc.freeze()
