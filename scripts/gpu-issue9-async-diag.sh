@@ -32,18 +32,6 @@ stage host-async-freeze 70 30 host host-async-freeze --gc-freeze
 stage host-sync-freeze 70 30 host host-sync-freeze --gc-freeze async_scheduling=false
 stage thr-async 80 40 thr async
 stage thr-sync 80 40 thr sync --no-async-scheduling
-python3 - "$R" <<'EOF' | tee "$OUT/summary.txt"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for h in sorted(out.glob("host-*.log")):
-    text = h.read_text()
-    start = text.find("{")
-    if start >= 0:
-        r = json.loads(text[start:])
-        print(f"{h.stem}: median {r['median_ms']}\n   decode {r['decode']}")
-for t in sorted(out.glob("thr-*.json")):
-    r = json.loads(t.read_text())["result"]
-    print(f"{t.stem}: {r['output_tokens_per_s']:.0f} output tok/s in {r['elapsed_s']:.2f} s, {r['steps']} steps")
-EOF
+python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
 tar czf "$OUT/results.tgz" -C "$R" .
 echo "total $((SECONDS - T0)) s"

@@ -20,20 +20,14 @@
 set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
+. scripts/gpu-prelude.sh /tmp/issue9a-dry
 if [ "${DRY:-0}" = 1 ]; then
-  OUT=${OUT:-/tmp/issue9a-dry}
-  mkdir -p "$OUT"
-  export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=1
   L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
   LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
   W=(--num-prompts 8 --input-len 10:10 --output-len 12:12) HF_BATCH=8
   HOST=(--device cpu --batch 8 --prompt-len 16 --new-tokens 8 dtype=float32)
   CC=(device=cpu dtype=float32 max_model_len=1024 load_format=dummy)
 else
-  . scripts/gpu-env.sh
-  python3 -c "import torch, triton, transformers, platform; print('torch', torch.__version__, 'cuda', \
-torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'python', \
-platform.python_version())" | tee -a "$OUT/gpu.txt"
   L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
   LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
   W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
@@ -98,37 +92,7 @@ stage latency 100 40 latency_cold
 stage latency-sync 100 40 latency latency-sync --no-async-scheduling
 [ "${GEMV:-0}" = 1 ] && stage gemv 60 20 gemv
 
-python3 - "$R" <<'EOF' | tee "$OUT/summary.txt"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for f in sorted(out.glob("latency-*.json")):
-    r = json.loads(f.read_text())["result"]
-    e = r["engine"]
-    print(f"{f.stem}: cuda_graphs={e['cuda_graphs']} hbm_copy_gb_per_s={e.get('hbm_copy_gb_per_s', 0):.0f}")
-    for x in r["rows"]:
-        print(f"  batch {x['batch']}: {x['ms_per_token_p50']:.2f} ms/token p50 (p90 {x['ms_per_token_p90']:.2f}), "
-              f"GPU {x.get('forward_ms_p50', 0):.2f} ms, roofline {x.get('roofline_ms', 0):.2f} ms = "
-              f"{100 * x.get('roofline_fraction_p50', 0):.0f}%, TTFT {x['ttft_ms']:.0f} ms")
-for h in sorted(out.glob("host-*.log")):
-    text = h.read_text()
-    start = text.find("{")
-    if start >= 0:
-        try:
-            r = json.loads(text[start:])
-            print(f"{h.stem}: {r['median_ms']}\n   decode {r.get('decode')}")
-        except ValueError:
-            print(f"{h.stem}: (no JSON)")
-cc = out / "compile-check.log"
-if cc.exists():
-    text = cc.read_text()
-    start = text.find("{")
-    print("compile-check:", " ".join(text[start:].split()) if start >= 0 else "(no JSON)")
-for t in sorted(out.glob("thr-*.json")):
-    r = json.loads(t.read_text())["result"]
-    print(f"{t.stem}: {r['output_tokens_per_s']:.0f} output tok/s, {r['generated_tokens']} tokens in "
-          f"{r['elapsed_s']:.2f} s" + (f", {r['engine']['steps']} steps" if "engine" in r and "steps" in r["engine"]
-                                       else ""))
-EOF
+python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .
 echo "total $((SECONDS - T0)) s"
 if [ ${#FAILED[@]} -gt 0 ]; then echo "failed or skipped stages: ${FAILED[*]}"; exit 1; fi

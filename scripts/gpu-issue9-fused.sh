@@ -20,10 +20,8 @@
 set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
+. scripts/gpu-prelude.sh /tmp/issue9f-dry
 if [ "${DRY:-0}" = 1 ]; then
-  OUT=${OUT:-/tmp/issue9f-dry}
-  mkdir -p "$OUT"
-  export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=1
   L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
   LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
   W=(--num-prompts 8 --input-len 10:10 --output-len 12:12) HF_BATCH=8
@@ -33,10 +31,6 @@ if [ "${DRY:-0}" = 1 ]; then
   ATT1=(--device cpu --batches 2 --contexts 64 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
   ATT2=(--device cpu --batches 4 --contexts 32 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
 else
-  . scripts/gpu-env.sh
-  python3 -c "import torch, triton, transformers, platform; print('torch', torch.__version__, 'cuda', \
-torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'python', \
-platform.python_version())" | tee -a "$OUT/gpu.txt"
   L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
   LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
   W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
@@ -89,37 +83,7 @@ stage hf-static 180 100 thr hf-static-$HF_BATCH --backend hf --hf-batch-size $HF
   --hf-cache-implementation static --hf-warmup-tokens 32 --hf-progress-every 256
 stage profile-b256 60 30 prof b256 "$QM" "${PROF256[@]}"
 
-python3 - "$R" <<'EOF' | tee "$OUT/summary.txt"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for f in (out / "latency.json", out / "latency-warm.json"):
-    if not f.exists():
-        continue
-    r = json.loads(f.read_text())["result"]
-    e = r["engine"]
-    print(f"{f.stem}: cuda_graphs={e['cuda_graphs']} hbm_copy_gb_per_s={e.get('hbm_copy_gb_per_s', 0):.0f}")
-    for x in r["rows"]:
-        print(f"  batch {x['batch']}: {x['ms_per_token_p50']:.2f} ms/token p50 (p90 {x['ms_per_token_p90']:.2f}), "
-              f"GPU {x.get('forward_ms_p50', 0):.2f} ms, roofline {x.get('roofline_ms', 0):.2f} ms = "
-              f"{100 * x.get('roofline_fraction_p50', 0):.0f}%, TTFT {x['ttft_ms']:.0f} ms")
-for a in sorted(out.glob("attention*.json")):
-    r = json.loads(a.read_text())["result"]
-    print(f"{a.stem}: HBM copy {r['info']['hbm_copy_gb_per_s'] or 0:.0f} GB/s")
-    for x in r["rows"]:
-        print(f"  b{x['batch']} {x['num_q_heads']}:{x['num_kv_heads']} ctx {x['context']:6} {x['kv_dtype']:4} splits "
-              f"{x['num_splits_run']:2}: {x['us_p50']:8.1f} us, {x['kv_gb_per_s']:6.0f} GB/s, "
-              f"{100 * x.get('fraction_of_hbm', 0):3.0f}%")
-for p in sorted(out.glob("profile-*.json")):
-    r = json.loads(p.read_text())
-    print(f"{p.stem}: {r['kernel_ms_per_step']:.2f} ms kernels/step, {r['kernels_per_step']:.0f} kernels/step")
-    for k in r["kernels"][:8]:
-        print(f"  {k['ms_per_step']:.3f} ms x{k['per_step']:.0f}  {k['name'][:90]}")
-for t in sorted(out.glob("thr-*.json")):
-    r = json.loads(t.read_text())["result"]
-    print(f"{t.stem}: {r['output_tokens_per_s']:.0f} output tok/s, {r['generated_tokens']} tokens in "
-          f"{r['elapsed_s']:.2f} s" + (f", {r['engine']['steps']} steps" if "engine" in r and "steps" in r["engine"]
-                                       else ""))
-EOF
+python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .
 echo "total $((SECONDS - T0)) s"
 if [ ${#FAILED[@]} -gt 0 ]; then echo "failed or skipped stages: ${FAILED[*]}"; exit 1; fi

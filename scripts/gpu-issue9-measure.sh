@@ -18,10 +18,8 @@
 set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-470}
+. scripts/gpu-prelude.sh /tmp/issue9m-dry
 if [ "${DRY:-0}" = 1 ]; then
-  OUT=${OUT:-/tmp/issue9m-dry}
-  mkdir -p "$OUT"
-  export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=1
   PRESET=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
   ATT=(--device cpu --batches 2 --contexts 64 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
   DIAG=(--device cpu --batches 2 --contexts 128 --heads 4:2 --head-dim 16 --kv-dtypes bf16 --splits 1,2
@@ -29,10 +27,6 @@ if [ "${DRY:-0}" = 1 ]; then
   W=(--num-prompts 8 --input-len 10:10 --output-len 12:12)
   HF_BIG=4 HF_SMALL=2 PROF=(--batch 4 --context 16 --steps 3 device=cpu dtype=float32)
 else
-  . scripts/gpu-env.sh
-  python3 -c "import torch, triton, transformers, platform; print('torch', torch.__version__, 'cuda', \
-torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__, 'python', \
-platform.python_version())" | tee -a "$OUT/gpu.txt"
   PRESET=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
   ATT=(--batches 32 --contexts 4096,32768 --heads 32:8,32:4,16:8 --head-dim 128 --kv-dtypes bf16,fp8)
   DIAG=(--batches 32 --contexts 4096,32768 --heads 32:8 --head-dim 128 --kv-dtypes bf16,fp8
@@ -67,29 +61,7 @@ stage hf-dynamic-big 150 40 thr hf-dynamic-$HF_BIG --backend hf --hf-batch-size 
   --hf-progress-every 256
 stage profile 60 30 prof
 
-python3 - "$R" <<'EOF' | tee "$OUT/issue9m-summary.txt"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-for name in ("attention.json", "attention-diag.json"):
-    f = out / name
-    if not f.exists():
-        continue
-    r = json.loads(f.read_text())["result"]
-    print(f"{name}: HBM copy {r['info']['hbm_copy_gb_per_s'] or 0:.0f} GB/s")
-    for x in r["rows"]:
-        print(f"  {x['num_q_heads']}:{x['num_kv_heads']} ctx {x['context']:6} {x['kv_dtype']:4} {x['table']:10} "
-              f"splits {str(x['num_splits'] or 'auto'):4}={x['num_splits_run']:2}: {x['us_p50']:8.1f} us, "
-              f"{x['kv_gb_per_s']:6.0f} GB/s, {100 * x.get('fraction_of_hbm', 0):3.0f}%")
-for f in sorted(out.glob("thr-*.json")):
-    r = json.loads(f.read_text())["result"]
-    extra = ""
-    if "batches_timed" in r:
-        extra = (f", batches {r['batches_timed']}/{r['batches_total']}, warm-up {r['warmup_s']:.1f} s, "
-                 f"graphs compiled while timed {r['dynamo_graphs_compiled_during_timing']}, "
-                 f"attn {r['attn_implementation']}")
-    print(f"{f.stem}: {r['output_tokens_per_s']:.0f} output tok/s, {r['generated_tokens']} tokens in "
-          f"{r['elapsed_s']:.1f} s{extra}")
-EOF
+python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/issue9m-summary.txt"
 cp "$OUT/issue9m-summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .
 echo "total $((SECONDS - T0)) s"
 if [ ${#FAILED[@]} -gt 0 ]; then echo "failed or skipped stages: ${FAILED[*]}"; exit 1; fi
