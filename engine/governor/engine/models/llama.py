@@ -24,11 +24,19 @@ from governor.engine.models.checkpoint import LazyTensor
 from governor.engine.models.model_config import ModelConfig, RopeConfig
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
+from governor.kernels.gemv import gemv, gemv_usable
 from governor.kernels.paged_attention import rotary_write_kv
 
 
 def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> torch.Tensor:
+    """F.linear(x, w, bias); on the fused path a one-token step streams w through `gemv` instead."""
+    if fused and gemv_usable(x, w):
+        return gemv(x, w, bias)
+    return F.linear(x, w, bias)
 
 
 class RMSNorm(nn.Module):
@@ -116,8 +124,9 @@ class Attention(nn.Module):
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """`cos_sin`: the step's `Rotary.lookup` rows, or None for the fused path (Triton backend), where one
         kernel norms (Qwen3) and rotates q and k and writes k and v to the cache."""
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        if cos_sin is None and not self.observe:
+        fused = cos_sin is None and not self.observe
+        qkv = linear(x, self.qkv_weight, self.qkv_bias, fused)
+        if fused:
             q = rotary_write_kv(qkv, positions, self.rotary.table, self.num_heads, *kv_cache, meta.slot_mapping,
                                 q_norm=None if self.q_norm is None else self.q_norm.weight,
                                 k_norm=None if self.k_norm is None else self.k_norm.weight,
@@ -126,7 +135,7 @@ class Attention(nn.Module):
             out = self.backend.attend(q, kv_cache, meta, self.k_scale, self.v_scale)
         else:
             out = self._unfused(qkv, self.rotary.lookup(positions) if cos_sin is None else cos_sin, kv_cache, meta)
-        return self.tp.all_reduce(F.linear(out.reshape(-1, self.q_size), self.o_weight))
+        return self.tp.all_reduce(linear(out.reshape(-1, self.q_size), self.o_weight, None, fused))
 
     def _unfused(self, qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                  meta: AttentionMetadata) -> torch.Tensor:
@@ -155,8 +164,13 @@ class MLP(nn.Module):
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
-        silu_mul = elementwise.silu_mul if fused else elementwise.silu_mul_ref
-        return self.tp.all_reduce(F.linear(silu_mul(F.linear(x, self.gate_up_weight)), self.down_weight))
+        gate_up = linear(x, self.gate_up_weight, None, fused)
+        if fused and gemv_usable(gate_up, self.down_weight):
+            down = gemv(gate_up, self.down_weight, silu_mul=True)  # SiLU·mul folded into the GEMV
+        else:
+            silu_mul = elementwise.silu_mul if fused else elementwise.silu_mul_ref
+            down = F.linear(silu_mul(gate_up), self.down_weight)
+        return self.tp.all_reduce(down)
 
 
 class DecoderLayer(nn.Module):
@@ -217,7 +231,7 @@ class CausalLM(nn.Module):
         if self.lm_head is None:
             raise RuntimeError("this model was built without lm_head (a tensor-parallel worker): it computes "
                                "no logits")
-        logits = F.linear(hidden, self.lm_head)
+        logits = linear(hidden, self.lm_head, None, self.fused)
         return logits.float() if fp32 else logits
 
     @torch.inference_mode()

@@ -1,0 +1,106 @@
+"""Matrix-vector products for decode steps of one token: out = x @ w.T (+ bias), x [1, K], w [N, K].
+
+At batch 1 a decoder layer's matmuls are pure weight streaming, and cuBLAS's choices there leave bandwidth
+unused: on an H100 the llama3-8b qkv GEMM reads its weight at 81% of the copy bandwidth, o at 68% and down
+(with the SiLU·mul kernel before it) at 84% (docs/benchmarks.md, issue 9, fourth pass). `gemv` streams the
+weight once, one program per BLOCK_N output columns, with no split-K and no second kernel, and can fold the
+MLP's SiLU(gate)·up into its prologue (`silu_mul=True`: x is the gate_up output [1, 2K]), which removes the
+separate SiLU·mul kernel from the step. With two or more rows cuBLAS is as fast or faster on these shapes
+(same sweep), so the model keeps F.linear there.
+
+Numerics: products accumulate in fp32 and round once to the output dtype, as a cuBLAS GEMM does, so results
+differ from F.linear only by the order of the fp32 sum (in bf16, at most one output step). The SiLU·mul
+prologue rounds where `elementwise.silu_mul_ref` rounds, so `gemv(gu, w, silu_mul=True)` computes what
+`F.linear(silu_mul_ref(gu), w)` does up to that sum order. `gemv_ref` is the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from governor.kernels.elementwise import round_to, silu_mul_ref, triton_usable
+
+
+class GemvConfig(NamedTuple):
+    block_n: int  # output columns (rows of w) per program
+    block_k: int  # reduction columns per loop step
+    num_warps: int
+
+
+# The fastest configuration over the llama3-8b decode shapes on an H100 (scripts/gemv-sweep.py; docs/benchmarks.md,
+# issue 9, fourth pass): wide K steps over few rows keep each program's loads long and the grid large.
+DEFAULT_CONFIG = GemvConfig(block_n=4, block_k=1024, num_warps=4)
+
+
+def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False
+             ) -> torch.Tensor:
+    """What `gemv` computes, in PyTorch: F.linear(x, w, bias), with x = silu_mul_ref(x) first if `silu_mul`."""
+    return F.linear(silu_mul_ref(x) if silu_mul else x, w, bias)
+
+
+def gemv_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `gemv` takes this product: one contiguous row of x, Triton available, and a contiguous weight in
+    x's dtype."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and triton_usable(x) and w.dim() == 2
+            and w.dtype == x.dtype and w.is_contiguous())
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    # Program: BLOCK_N outputs. The products accumulate elementwise in a [BLOCK_N, BLOCK_K] tile and reduce
+    # once at the end. K is a compile-time constant: a model has a handful, and the trip count is then known.
+    dtype = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < n
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + kk
+        x_mask = ks < K  # x is a few KB: its mask costs nothing, the weight's is left out when it can be
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_rows + ks[None, :])
+        else:
+            w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & x_mask[None, :], other=0.0)
+        w = w.to(tl.float32)
+        if SILU_MUL:
+            gate = tl.load(x_ptr + ks, mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + K + ks, mask=x_mask, other=0.0).to(tl.float32)
+            xs = round_to(round_to(gate / (1.0 + tl.exp(-gate)), dtype) * up, dtype)
+        else:
+            xs = tl.load(x_ptr + ks, mask=x_mask, other=0.0).to(tl.float32)
+        acc += w * xs[None, :]
+    out = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
+    # round_to: the interpreter would truncate a bare cast to bf16 (elementwise.round_to).
+    tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+         config: GemvConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """`gemv_ref` in one Triton kernel, for x [1, K] (or [1, 2K] with `silu_mul`), a contiguous w [N, K] and
+    an optional bias [N]; returns [1, N] in x's dtype."""
+    if not gemv_usable(x, w):
+        raise ValueError(f"gemv: needs a contiguous x [1, K] and w [N, K] of one dtype on a Triton "
+                         f"device; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype} (use F.linear "
+                         f"for more rows)")
+    n, k = w.shape
+    if x.shape[1] != (2 * k if silu_mul else k):
+        raise ValueError(f"gemv: x has {x.shape[1]} columns; w [N, {k}] needs {2 * k if silu_mul else k}"
+                         f"{' (gate and up side by side)' if silu_mul else ''}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+        x, w, out if bias is None else bias, out, n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, EVEN_N=n % config.block_n == 0,
+        EVEN_K=k % config.block_k == 0, num_warps=config.num_warps,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Issue 9, fourth pass (decode GEMV and the split-KV merge folded into the decode kernel), on one GPU:
+#   run(command="bash scripts/gpu-issue9-gemv.sh", carry=[".whl"], timeout_s=600)
+# 1. tests: the GPU tests of the GEMV, the paged-attention kernels, CUDA graphs and the engine (greedy tokens
+#    = transformers fp32).
+# 2. sweep: scripts/gemv-sweep.py, the GEMV's launch configurations against cuBLAS on the llama3-8b decode
+#    shapes (SWEEP=0 skips it; SWEEP_S bounds it, default 220 s).
+# 3. latency A/B: `governor bench latency`, llama3-8b shape, 512-token context, batch 1 (LAT_BATCHES), run
+#    alternately ROUNDS times (default 2) by the base commit (BASE, default the device checkout's HEAD, i.e. the
+#    session's base: a git worktree) and by the working tree. NEW_ONLY="FILE..." measures instead the base
+#    plus only those files of the working tree (another worktree), to separate one change from others.
+# 4. profile: scripts/profile-decode.py of the new tree at batch 1 (kernel time and count per step).
+# 5. throughput: qwen3-0.6b shape, 256 x 100 -> 1024 (THR=1; off by default): the new tree.
+# Stages run in that order under one deadline (DEADLINE_S, default 575 s).
+# DRY=1 runs the same flow on CPU with the tiny preset and tiny workloads (to check the script only).
+set -uo pipefail
+T0=$SECONDS
+DEADLINE_S=${DEADLINE_S:-575}
+. scripts/gpu-prelude.sh /tmp/issue9g-dry
+if [ "${DRY:-0}" = 1 ]; then
+  L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
+  LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1 --new-tokens 8)
+  W=(--num-prompts 8 --input-len 10:10 --output-len 12:12)
+  PD=(--batch 1 --context 32 --steps 4 device=cpu dtype=float32 load_format=dummy max_model_len=256)
+else
+  L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
+  LATDEV=(--dtype bfloat16 --max-model-len 4096)
+  LAT=(--context 512 --batches "${LAT_BATCHES:-1}" --new-tokens 128)
+  W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)
+  PD=(--batch 1 --context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
+fi
+LM=/tmp/issue9g/llama-$L QM=/tmp/issue9g/qwen3-$Q R=/tmp/issue9g/results BASE_TREE=/tmp/issue9g/base
+NEW_TREE=$PWD
+[ -n "${NEW_ONLY:-}" ] && NEW_TREE=/tmp/issue9g/new
+mkdir -p "$R"
+exec > >(tee -a "$OUT/run.log") 2>&1
+cp "$OUT/gpu.txt" "$R/" 2>/dev/null || true
+. scripts/gpu-deadline.sh
+trees() {  # the base worktree, and the new one when NEW_ONLY names files
+  local base=${BASE:-$(git rev-parse HEAD)} f
+  rm -rf "$BASE_TREE" /tmp/issue9g/new
+  git worktree prune
+  git worktree add -q --detach "$BASE_TREE" "$base" && echo "base $base" | tee "$R/base.txt" || return 1
+  [ -n "${NEW_ONLY:-}" ] || return 0
+  git worktree add -q --detach "$NEW_TREE" "$base" || return 1
+  for f in $NEW_ONLY; do mkdir -p "$NEW_TREE/$(dirname "$f")" && cp "$f" "$NEW_TREE/$f" || return 1; done
+  echo "new = base + $NEW_ONLY" | tee -a "$R/base.txt"
+}
+in_new() { (cd "$NEW_TREE" && PYTHONPATH=$NEW_TREE/engine:$NEW_TREE/kernels:$NEW_TREE/operator:/tmp/site:$NEW_TREE "$@"); }
+tests() {
+  [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }
+  in_new run_py gpu-tests -m pytest -q -m gpu -p no:cacheprovider -rs --durations=5 tests/test_kernels_gemv.py \
+    tests/test_kernels_paged_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py
+}
+sweep() {
+  [ "${DRY:-0}" = 1 ] && { echo "(dry run: no sweep, it needs CUDA)"; return 0; }
+  run_py sweep scripts/gemv-sweep.py --deadline-s "${SWEEP_S:-220}" --output-json "$R/sweep.json"
+}
+models() {
+  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
+    --no-weights --dtype bfloat16 || return 1
+  [ "${THR:-0}" = 1 ] || return 0
+  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
+}
+latency() {  # latency TAG TREE: `bench latency` of the code in TREE
+  local tree=$2
+  PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:/tmp/site:$tree run_py "$1" -m governor.engine bench latency \
+    --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
+}
+profile() {
+  [ "${DRY:-0}" = 1 ] && { echo "(dry run: no profile, it needs CUDA)"; return 0; }
+  in_new run_py profile scripts/profile-decode.py "$LM" "$R/profile-new.json" "${PD[@]}"
+}
+thr() {
+  in_new run_py thr -m governor.engine bench throughput --model "$QM" "${W[@]}" "${DEV[@]}" --output-json "$R/thr-new.json" &&
+    [ -s "$R/thr-new.json" ]
+}
+
+stage trees 30 5 trees
+stage tests 150 60 tests
+[ "${SWEEP:-1}" = 1 ] && stage sweep $((${SWEEP_S:-220} + 40)) 60 sweep
+stage models 60 10 models
+for i in $(seq "${ROUNDS:-2}"); do
+  stage "latency-base-$i" 80 40 latency "latency-base-$i" "$BASE_TREE"
+  stage "latency-new-$i" 80 40 latency "latency-new-$i" "$NEW_TREE"
+done
+stage profile 80 40 profile
+[ "${THR:-0}" = 1 ] && stage throughput 80 40 thr
+
+python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
+cp "$OUT/summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .
+echo "total $((SECONDS - T0)) s"
+if [ ${#FAILED[@]} -gt 0 ]; then echo "failed or skipped stages: ${FAILED[*]}"; exit 1; fi

@@ -1,0 +1,128 @@
+"""The decode GEMV (`governor.kernels.gemv`) against F.linear, and the model's use of it.
+
+Without CUDA the kernel runs under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from governor.engine import LLM, SamplingParams
+from governor.engine.models import llama
+from governor.kernels import elementwise as ew
+from governor.kernels.gemv import DEFAULT_CONFIG, GemvConfig, gemv, gemv_ref, gemv_usable
+from tests.conftest import TINY
+from tests.test_engine_parity import hf_greedy, mixed_prompts
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+needs_triton = pytest.mark.skipif(
+    not (torch.cuda.is_available() or ew.INTERPRET),
+    reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
+)
+
+
+def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    return (torch.randn(*shape, generator=gen, device=DEVICE) * scale).to(dtype)
+
+
+def _assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                            silu_mul: bool) -> None:
+    """got equals the fp32 product of the same (rounded) inputs, up to fp32 sum order and one final rounding:
+    within one output-dtype step of the exact value (2^-8 relative in bf16), plus a summation slack."""
+    xs = ew.silu_mul_ref(x) if silu_mul else x
+    exact = torch.nn.functional.linear(xs.double(), w.double(), None if bias is None else bias.double())
+    step = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8}[got.dtype]
+    slack = 1e-5 * (xs.double().abs() @ w.double().abs().T)  # fp32 accumulation over k terms
+    assert got.dtype == x.dtype and got.shape == exact.shape
+    assert ((got.double() - exact).abs() <= step * exact.abs() + slack + 1e-30).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k", [(64, 128), (100, 200), (36, 64)], ids=["even", "ragged", "one-k-step"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("silu_mul", [False, True], ids=["plain", "silu-mul"])
+def test_gemv_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with_bias: bool, silu_mul: bool
+                                        ) -> None:
+    x = _randn(1, 2 * k if silu_mul else k, dtype=dtype, seed=0, scale=2.0)
+    w = _randn(n, k, dtype=dtype, seed=1, scale=0.1)
+    bias = _randn(n, dtype=dtype, seed=2) if with_bias else None
+    got = gemv(x, w, bias, silu_mul, config=GemvConfig(block_n=16, block_k=64, num_warps=4))
+    _assert_sum_order_close(got, x, w, bias, silu_mul)
+    torch.testing.assert_close(got.float(), gemv_ref(x, w, bias, silu_mul).float(),
+                               **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {}))
+
+
+@needs_triton
+def test_silu_mul_prologue_rounds_where_the_silu_mul_kernel_rounds() -> None:
+    """Through an identity weight the output is the prologue's value itself: bitwise the SiLU·mul kernel's
+    (same formula and roundings), so folding it into the GEMV changes nothing the model computed before."""
+    k = 96
+    gate_up = _randn(1, 2 * k, dtype=torch.bfloat16, seed=3, scale=4.0)
+    eye = torch.eye(k, dtype=torch.bfloat16, device=DEVICE)
+    got = gemv(gate_up, eye, silu_mul=True, config=GemvConfig(block_n=8, block_k=32, num_warps=4))
+    assert torch.equal(got, ew.silu_mul(gate_up))
+
+
+@needs_triton
+def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
+    """The default 1024-column K step and 4-row N block over K = 320 and N = 70: masked on both sides."""
+    x = _randn(1, 320, dtype=torch.bfloat16, seed=4)
+    w = _randn(70, 320, dtype=torch.bfloat16, seed=5, scale=0.1)
+    _assert_sum_order_close(gemv(x, w), x, w, None, False)
+
+
+@needs_triton
+def test_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
+    w = torch.zeros(8, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="x \\[1, K\\].*use F.linear for more rows"):
+        gemv(torch.zeros(2, 16, device=DEVICE), w)
+    with pytest.raises(ValueError, match="needs 32 \\(gate and up side by side\\)"):
+        gemv(torch.zeros(1, 16, device=DEVICE), w, silu_mul=True)
+    with pytest.raises(ValueError, match="bias must be \\[8\\]"):
+        gemv(torch.zeros(1, 16, device=DEVICE), w, bias=torch.zeros(9, device=DEVICE))
+    with pytest.raises(ValueError, match="one dtype"):
+        gemv(torch.zeros(1, 16, device=DEVICE, dtype=torch.bfloat16), w)
+    assert not gemv_usable(torch.zeros(1, 16, device=DEVICE), torch.zeros(16, 8, device=DEVICE).T)  # a view
+
+
+@needs_triton
+def test_the_fused_model_runs_small_steps_through_gemv_and_keeps_transformers_tokens(
+        hf_checkpoint, hf_model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2 (qkv bias) on the Triton backend: one sequence decodes through gemv for qkv, o, gate_up, down
+    (SiLU·mul folded) and the lm_head, and the greedy tokens stay those of transformers fp32."""
+    calls: list[tuple[int, bool]] = []
+
+    def spy(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+            config: GemvConfig = DEFAULT_CONFIG) -> torch.Tensor:
+        calls.append((x.shape[0], silu_mul))
+        return gemv(x, w, bias, silu_mul, config)
+
+    monkeypatch.setattr(llama, "gemv", spy)
+    path = hf_checkpoint("qwen2")
+    prompt = mixed_prompts(1, seed=5, lo=12, hi=12)[0]
+    llm = LLM(str(path), dtype="float32", attention_backend="triton")
+    out = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == hf_greedy(hf_model(path), prompt, 6)
+    layers = TINY["num_hidden_layers"]
+    # Six lm_head products (one a step; the prefill's logits are of its last token only) and five decode steps
+    # (the first token comes from the 12-token prefill, which F.linear runs) of four products a layer, one of
+    # them with the folded SiLU·mul.
+    assert len(calls) == 6 + 5 * 4 * layers
+    assert sum(silu for _, silu in calls) == 5 * layers
+    assert {rows for rows, _ in calls} == {1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k,silu_mul", [(6144, 4096, False), (4096, 4096, False), (28672, 4096, False),
+                                          (4096, 14336, True), (128256, 4096, False), (1024, 3072, True)],
+                         ids=["qkv", "o", "gate_up", "down-silu", "lm_head", "qwen3-0.6b-down-silu"])
+def test_gpu_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n: int, k: int, silu_mul: bool
+                                                                             ) -> None:
+    x = _randn(1, 2 * k if silu_mul else k, dtype=torch.bfloat16, seed=6)
+    w = _randn(n, k, dtype=torch.bfloat16, seed=7, scale=0.02)
+    _assert_sum_order_close(gemv(x, w, silu_mul=silu_mul), x, w, None, silu_mul)
