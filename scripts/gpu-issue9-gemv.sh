@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Issue 9, fourth pass (decode GEMV and the split-KV merge folded into the decode kernel), on one GPU:
 #   run(command="bash scripts/gpu-issue9-gemv.sh", carry=[".whl"], timeout_s=600)
-# 1. tests: the GPU tests of the GEMV, the paged-attention kernels, CUDA graphs and the engine (greedy tokens
-#    = transformers fp32).
+# 1. tests: the GPU tests of the GEMV, the paged-attention kernels, CUDA graphs, the engine (greedy tokens
+#    = transformers fp32) and async scheduling.
 # 2. sweep: scripts/gemv-sweep.py, the GEMV's launch configurations against cuBLAS on the llama3-8b decode
 #    shapes (SWEEP=0 skips it; SWEEP_S bounds it, default 220 s).
 # 3. latency A/B: `governor bench latency`, llama3-8b shape, 512-token context, batch 1 (LAT_BATCHES), run
 #    alternately ROUNDS times (default 2) by the base commit (BASE, default the device checkout's HEAD, i.e. the
 #    session's base: a git worktree) and by the working tree. NEW_ONLY="FILE..." measures instead the base
 #    plus only those files of the working tree (another worktree), to separate one change from others.
-# 4. profile: scripts/profile-decode.py of the new tree at batch 1 (kernel time and count per step).
-# 5. throughput: qwen3-0.6b shape, 256 x 100 -> 1024 (THR=1; off by default): the new tree.
+# 4. attention A/B: `governor bench attention` by the base and the new tree, batch 1 and 32 at 512, 4K and 32K
+#    (llama3-8b heads, bf16 and fp8 KV), when ATT=1 (for a change to the attention kernels).
+# 5. profile: scripts/profile-decode.py of the new tree at batch 1 (kernel time and count per step).
+# 6. throughput: qwen3-0.6b shape, 256 x 100 -> 1024 (THR=1; off by default): the new tree.
 # Stages run in that order under one deadline (DEADLINE_S, default 575 s).
 # DRY=1 runs the same flow on CPU with the tiny preset and tiny workloads (to check the script only).
 set -uo pipefail
@@ -22,12 +24,14 @@ if [ "${DRY:-0}" = 1 ]; then
   LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1 --new-tokens 8)
   W=(--num-prompts 8 --input-len 10:10 --output-len 12:12)
   PD=(--batch 1 --context 32 --steps 4 device=cpu dtype=float32 load_format=dummy max_model_len=256)
+  ATTA=(--device cpu --batches 1,2 --contexts 64 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
 else
   L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
   LATDEV=(--dtype bfloat16 --max-model-len 4096)
   LAT=(--context 512 --batches "${LAT_BATCHES:-1}" --new-tokens 128)
   W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)
   PD=(--batch 1 --context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
+  ATTA=(--batches 1,32 --contexts 512,4096,32768 --heads 32:8 --head-dim 128 --kv-dtypes bf16,fp8)
 fi
 LM=/tmp/issue9g/llama-$L QM=/tmp/issue9g/qwen3-$Q R=/tmp/issue9g/results BASE_TREE=/tmp/issue9g/base
 NEW_TREE=$PWD
@@ -50,7 +54,8 @@ in_new() { (cd "$NEW_TREE" && PYTHONPATH=$NEW_TREE/engine:$NEW_TREE/kernels:$NEW
 tests() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }
   in_new run_py gpu-tests -m pytest -q -m gpu -p no:cacheprovider -rs --durations=5 tests/test_kernels_gemv.py \
-    tests/test_kernels_paged_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py
+    tests/test_kernels_paged_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py \
+    tests/test_async_scheduling.py
 }
 sweep() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no sweep, it needs CUDA)"; return 0; }
@@ -66,6 +71,11 @@ latency() {  # latency TAG TREE: `bench latency` of the code in TREE
   local tree=$2
   PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:/tmp/site:$tree run_py "$1" -m governor.engine bench latency \
     --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
+}
+att() {  # att TAG TREE: `bench attention` of the code in TREE
+  local tree=$2
+  PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:/tmp/site:$tree run_py "$1" -m governor.engine bench attention \
+    "${ATTA[@]}" --output-json "$R/$1.json"
 }
 profile() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no profile, it needs CUDA)"; return 0; }
@@ -84,6 +94,10 @@ for i in $(seq "${ROUNDS:-2}"); do
   stage "latency-base-$i" 80 40 latency "latency-base-$i" "$BASE_TREE"
   stage "latency-new-$i" 80 40 latency "latency-new-$i" "$NEW_TREE"
 done
+if [ "${ATT:-0}" = 1 ]; then
+  stage attention-base 70 30 att attention-base "$BASE_TREE"
+  stage attention-new 70 30 att attention-new "$NEW_TREE"
+fi
 stage profile 80 40 profile
 [ "${THR:-0}" = 1 ] && stage throughput 80 40 thr
 
