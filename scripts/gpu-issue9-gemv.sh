@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9, fourth pass (decode GEMV and the split-KV merge folded into the decode kernel), on one GPU:
+# Issue 9, fourth pass (the one-token decode GEMV), on one GPU:
 #   run(command="bash scripts/gpu-issue9-gemv.sh", carry=[".whl"], timeout_s=600)
 # 1. tests: the GPU tests of the GEMV, the paged-attention kernels, CUDA graphs, the engine (greedy tokens
 #    = transformers fp32) and async scheduling.
