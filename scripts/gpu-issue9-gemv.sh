@@ -2,7 +2,7 @@
 # Issue 9, fourth pass (the one-token decode GEMV), on one GPU:
 #   run(command="bash scripts/gpu-issue9-gemv.sh", carry=[".whl"], timeout_s=600)
 # 1. tests: the GPU tests of the GEMV, the paged-attention kernels, CUDA graphs, the engine (greedy tokens
-#    = transformers fp32) and async scheduling.
+#    = transformers fp32) and async scheduling (TESTS=0 skips them).
 # 2. sweep: scripts/gemv-sweep.py, the GEMV's launch configurations against cuBLAS on the llama3-8b decode
 #    shapes (SWEEP=0 skips it; SWEEP_S bounds it, default 220 s).
 # 3. latency A/B: `governor bench latency`, llama3-8b shape, 512-token context, batch 1 (LAT_BATCHES), run
@@ -12,7 +12,8 @@
 # 4. attention A/B: `governor bench attention` by the base and the new tree, batch 1 and 32 at 512, 4K and 32K
 #    (llama3-8b heads, bf16 and fp8 KV), when ATT=1 (for a change to the attention kernels).
 # 5. profile: scripts/profile-decode.py of the new tree at batch 1 (kernel time and count per step).
-# 6. throughput: qwen3-0.6b shape, 256 x 100 -> 1024 (THR=1; off by default): the new tree.
+# 6. small: the latency A/B (batch 1, 512 context) on the qwen3-0.6b shape as well, when SMALL=1.
+# 7. throughput: qwen3-0.6b shape, 256 x 100 -> 1024 (THR=1; off by default): the new tree.
 # Stages run in that order under one deadline (DEADLINE_S, default 575 s).
 # DRY=1 runs the same flow on CPU with the tiny preset and tiny workloads (to check the script only).
 set -uo pipefail
@@ -33,7 +34,7 @@ else
   PD=(--batch 1 --context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
   ATTA=(--batches 1,32 --contexts 512,4096,32768 --heads 32:8 --head-dim 128 --kv-dtypes bf16,fp8)
 fi
-LM=/tmp/issue9g/llama-$L QM=/tmp/issue9g/qwen3-$Q R=/tmp/issue9g/results BASE_TREE=/tmp/issue9g/base
+LM=/tmp/issue9g/llama-$L QM=/tmp/issue9g/qwen3-$Q QC=/tmp/issue9g/qwen3-config-$Q R=/tmp/issue9g/results BASE_TREE=/tmp/issue9g/base
 NEW_TREE=$PWD
 [ -n "${NEW_ONLY:-}" ] && NEW_TREE=/tmp/issue9g/new
 mkdir -p "$R"
@@ -64,13 +65,17 @@ sweep() {
 models() {
   [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
     --no-weights --dtype bfloat16 || return 1
+  if [ "${SMALL:-0}" = 1 ] && [ ! -f "$QC/config.json" ]; then
+    run_py make-qwen-config -m governor.engine make-model "$QC" --arch qwen3 --preset $Q --no-weights \
+      --dtype bfloat16 || return 1
+  fi
   [ "${THR:-0}" = 1 ] || return 0
   [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
 }
-latency() {  # latency TAG TREE: `bench latency` of the code in TREE
+latency() {  # latency TAG TREE [MODEL]: `bench latency` of the code in TREE
   local tree=$2
   PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:/tmp/site:$tree run_py "$1" -m governor.engine bench latency \
-    --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
+    --model "${3:-$LM}" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
 }
 att() {  # att TAG TREE: `bench attention` of the code in TREE
   local tree=$2
@@ -87,7 +92,7 @@ thr() {
 }
 
 stage trees 30 5 trees
-stage tests 150 60 tests
+[ "${TESTS:-1}" = 1 ] && stage tests 150 60 tests
 [ "${SWEEP:-1}" = 1 ] && stage sweep $((${SWEEP_S:-220} + 40)) 60 sweep
 stage models 60 10 models
 for i in $(seq "${ROUNDS:-2}"); do
@@ -99,6 +104,12 @@ if [ "${ATT:-0}" = 1 ]; then
   stage attention-new 70 30 att attention-new "$NEW_TREE"
 fi
 stage profile 80 40 profile
+if [ "${SMALL:-0}" = 1 ]; then
+  for i in $(seq "${ROUNDS:-2}"); do
+    stage "latency-small-base-$i" 60 30 latency "latency-small-base-$i" "$BASE_TREE" "$QC"
+    stage "latency-small-new-$i" 60 30 latency "latency-small-new-$i" "$NEW_TREE" "$QC"
+  done
+fi
 [ "${THR:-0}" = 1 ] && stage throughput 80 40 thr
 
 python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
