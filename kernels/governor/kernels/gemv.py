@@ -1,8 +1,8 @@
 """Matrix-vector products for decode steps of one token: out = x @ w.T (+ bias), x [1, K], w [N, K].
 
 At batch 1 a decoder layer's matmuls are pure weight streaming, and cuBLAS's choices there leave bandwidth
-unused: on an H100 the llama3-8b qkv GEMM reads its weight at 81% of the copy bandwidth, o at 68% and down
-(with the SiLU·mul kernel before it) at 84% (docs/benchmarks.md, issue 9, fourth pass). `gemv` streams the
+unused: on an H100 the llama3-8b qkv GEMM reads its weight at 81-82% of the copy bandwidth, o at 67-68% and
+down (with the SiLU·mul kernel before it) at 84% (docs/benchmarks.md, issue 9, fourth pass). `gemv` streams the
 weight once, one program per BLOCK_N output columns, with no split-K and no second kernel, and can fold the
 MLP's SiLU(gate)·up into its prologue (`silu_mul=True`: x is the gate_up output [1, 2K]), which removes the
 separate SiLU·mul kernel from the step. With two or more rows cuBLAS is as fast or faster on these shapes
