@@ -78,11 +78,11 @@ def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
 @needs_triton
 def test_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
     w = torch.zeros(8, 16, device=DEVICE)
-    with pytest.raises(ValueError, match="x \\[1, K\\].*use F.linear for more rows"):
+    with pytest.raises(ValueError, match=r"x \[1, K\].*use F.linear for more rows"):
         gemv(torch.zeros(2, 16, device=DEVICE), w)
-    with pytest.raises(ValueError, match="needs 32 \\(gate and up side by side\\)"):
+    with pytest.raises(ValueError, match=r"needs 32 \(gate and up side by side\)"):
         gemv(torch.zeros(1, 16, device=DEVICE), w, silu_mul=True)
-    with pytest.raises(ValueError, match="bias must be \\[8\\]"):
+    with pytest.raises(ValueError, match=r"bias must be \[8\]"):
         gemv(torch.zeros(1, 16, device=DEVICE), w, bias=torch.zeros(9, device=DEVICE))
     with pytest.raises(ValueError, match="one dtype"):
         gemv(torch.zeros(1, 16, device=DEVICE, dtype=torch.bfloat16), w)
