@@ -11,49 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from governor.engine.bench_latency import graph_us_per_call, hbm_bandwidth_gb_per_s
+
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
           "lm_head": (4096, 128256)}
-
-
-def copy_gb_per_s() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * 10 * a.numel() / (start.elapsed_time(end) * 1e-3) / 1e9
-
-
-def time_matmul(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
-    """Microseconds per F.linear(x, w), from a CUDA graph of `reps` of them replayed 5 times."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            F.linear(x, w)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            F.linear(x, w)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * reps)
 
 
 def main() -> None:
@@ -63,15 +29,19 @@ def main() -> None:
     ap.add_argument("--output-json")
     a = ap.parse_args()
     batches = [int(b) for b in a.batches.split(",")]
-    copy = copy_gb_per_s()
-    rows = []
+    copy = hbm_bandwidth_gb_per_s()
+    rows: list[dict[str, Any]] = []
     for backend in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(backend)
         for name, (k, n) in SHAPES.items():
             w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
             for m in batches:
                 x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-                us = time_matmul(x, w, a.reps)
+
+                def matmul(_i: int, x: torch.Tensor = x, w: torch.Tensor = w) -> torch.Tensor:
+                    return F.linear(x, w)
+
+                us = graph_us_per_call(matmul, a.reps)
                 gbs = w.numel() * 2 / (us * 1e-6) / 1e9
                 rows.append({"backend": backend, "gemm": name, "k": k, "n": n, "batch": m, "us": round(us, 2),
                              "weight_gb_per_s": round(gbs), "fraction_of_copy": round(gbs / copy, 3)})

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from governor.engine.bench_latency import graph_us_per_call, hbm_bandwidth_gb_per_s
 from governor.kernels.elementwise import silu_mul
 from governor.kernels.gemv import GemvConfig, gemv
 
@@ -30,42 +31,10 @@ SHAPES = {"qkv": (6144, 4096), "down": (4096, 14336), "o": (4096, 4096), "gate_u
 L2_SPAN = 4 * 50 * 2**20
 
 
-def copy_gb_per_s() -> float:
-    a = torch.empty(2**30, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    end.record()
-    torch.cuda.synchronize()
-    return 2 * 10 * a.numel() / (start.elapsed_time(end) * 1e-3) / 1e9
-
-
 def time_calls(fn: Callable[[int], object], copies: int) -> float:
-    """Microseconds per fn(i) call, i cycling over the weight copies, from a CUDA graph replayed 5 times."""
+    """Microseconds per fn(i) call, i cycling over the weight copies (at least 24 calls in the graph)."""
     reps = max(copies, 24 // copies * copies)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i % copies)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (5 * reps)
+    return graph_us_per_call(lambda i: fn(i % copies), reps)
 
 
 def configs() -> list[GemvConfig]:
@@ -124,7 +93,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=300.0, help="stop sweeping configs after this long")
     a = ap.parse_args()
     stop_at = time.monotonic() + a.deadline_s
-    copy = copy_gb_per_s()
+    copy = hbm_bandwidth_gb_per_s()
     print(f"copy {copy:.0f} GB/s", flush=True)
     results: list[dict] = []
     for name in a.shapes.split(","):

@@ -19,6 +19,21 @@ from typing import Any
 import pytest
 
 from governor.engine.models.tokenizer_builder import VOCAB_SIZE, write_tokenizer
+from governor.kernels.elementwise import INTERPRET  # imported after TRITON_INTERPRET is set above
+
+# Where the kernel tests run: the GPU, else the CPU under Triton's interpreter.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+needs_triton = pytest.mark.skipif(
+    not (torch.cuda.is_available() or INTERPRET),
+    reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
+)
+
+
+def seeded_randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """Normal values * scale on DEVICE in `dtype`, the same for the same seed."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    return (torch.randn(*shape, generator=gen, device=DEVICE) * scale).to(dtype)
+
 
 # Each entry: transformers config class name and its kwargs. Shapes are tiny; the variants cover
 # GQA and MQA, tied and untied embeddings, qkv bias (Qwen2), q/k norm with explicit head_dim (Qwen3),

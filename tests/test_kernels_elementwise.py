@@ -13,21 +13,11 @@ import triton.language as tl
 from governor.kernels import elementwise as ew
 from governor.kernels import paged_attention as pa
 from governor.kernels.elementwise import round_to
+from tests.conftest import DEVICE, needs_triton, seeded_randn
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # fp32: the kernels' only difference is the order of a norm's fp32 sum. bf16: that can move a value across a
 # rounding boundary, one bf16 step (2^-8 relative) at most.
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-2, 1e-2)}
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or ew.INTERPRET),
-    reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
-)
-
-
-def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    return (torch.randn(*shape, generator=gen, device=DEVICE) * scale).to(dtype)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -41,9 +31,9 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first-layer"])
 @pytest.mark.parametrize("hidden", [64, 96], ids=["pow2", "not-pow2"])
 def test_add_rms_norm_matches_the_reference(dtype: torch.dtype, with_residual: bool, hidden: int) -> None:
-    x = _randn(5, hidden, dtype=dtype, seed=0, scale=3.0)
-    residual = _randn(5, hidden, dtype=dtype, seed=1) if with_residual else None
-    weight = _randn(hidden, dtype=dtype, seed=2)
+    x = seeded_randn(5, hidden, dtype=dtype, seed=0, scale=3.0)
+    residual = seeded_randn(5, hidden, dtype=dtype, seed=1) if with_residual else None
+    weight = seeded_randn(hidden, dtype=dtype, seed=2)
     want_out, want_h = ew.add_rms_norm_ref(x, residual, weight, 1e-6)
     got_out, got_h = ew.add_rms_norm(x, residual, weight, 1e-6)
     assert torch.equal(got_h, want_h)  # one rounded add, the same in both
@@ -82,7 +72,7 @@ def test_round_to_bf16_rounds_to_nearest_even_and_keeps_nan_and_infinity() -> No
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("intermediate", [48, 1100], ids=["one-block", "two-blocks"])
 def test_silu_mul_matches_the_reference(dtype: torch.dtype, intermediate: int) -> None:
-    gate_up = _randn(3, 2 * intermediate, dtype=dtype, seed=3, scale=4.0)
+    gate_up = seeded_randn(3, 2 * intermediate, dtype=dtype, seed=3, scale=4.0)
     _close(ew.silu_mul(gate_up), ew.silu_mul_ref(gate_up))
 
 
@@ -107,7 +97,7 @@ class RotaryCase:
                  cache_dtype: torch.dtype | None = None, qk_norm: bool = False, seed: int = 0) -> None:
         self.num_heads, self.head_dim = num_heads, head_dim
         t, max_positions, num_blocks, block_size = 6, 40, 4, 4
-        self.qkv = _randn(t, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, seed=seed, scale=2.0)
+        self.qkv = seeded_randn(t, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, seed=seed, scale=2.0)
         self.positions = torch.tensor([0, 3, 17, 39, 5, 8], device=DEVICE)
         angles = torch.rand(max_positions, head_dim, generator=torch.Generator().manual_seed(seed)) * 6.3
         sin = angles.sin()
@@ -118,8 +108,8 @@ class RotaryCase:
         self.cache_dtype = cache_dtype or dtype
         self.norms: dict[str, torch.Tensor | float] = {}
         if qk_norm:
-            self.norms = {"q_norm": _randn(head_dim, dtype=dtype, seed=seed + 1),
-                          "k_norm": _randn(head_dim, dtype=dtype, seed=seed + 2), "eps": 1e-6}
+            self.norms = {"q_norm": seeded_randn(head_dim, dtype=dtype, seed=seed + 1),
+                          "k_norm": seeded_randn(head_dim, dtype=dtype, seed=seed + 2), "eps": 1e-6}
         self.scales: dict[str, torch.Tensor] = {}
         if self.cache_dtype == pa.FP8_KV_DTYPE:
             self.scales = {"k_scale": torch.rand(num_kv_heads, device=DEVICE) * 0.02 + 0.005,
@@ -191,13 +181,13 @@ def test_rotary_write_kv_rejects_a_qkv_of_the_wrong_width() -> None:
 def test_gpu_fused_kernels_real_shapes(num_heads: int, num_kv_heads: int, qk_norm: bool, hidden: int,
                                        intermediate: int) -> None:
     dtype = torch.bfloat16
-    x, residual = _randn(64, hidden, dtype=dtype, seed=0), _randn(64, hidden, dtype=dtype, seed=1)
-    weight = _randn(hidden, dtype=dtype, seed=2)
+    x, residual = seeded_randn(64, hidden, dtype=dtype, seed=0), seeded_randn(64, hidden, dtype=dtype, seed=1)
+    weight = seeded_randn(hidden, dtype=dtype, seed=2)
     got_out, got_h = ew.add_rms_norm(x, residual, weight, 1e-5)
     want_out, want_h = ew.add_rms_norm_ref(x, residual, weight, 1e-5)
     assert torch.equal(got_h, want_h)
     _close(got_out, want_out)
-    gate_up = _randn(64, 2 * intermediate, dtype=dtype, seed=3, scale=3.0)
+    gate_up = seeded_randn(64, 2 * intermediate, dtype=dtype, seed=3, scale=3.0)
     _close(ew.silu_mul(gate_up), ew.silu_mul_ref(gate_up))
     case = RotaryCase(num_heads, num_kv_heads, 128, dtype, qk_norm=qk_norm)
     want_q, _, want_k, want_v = case.run(pa.rotary_write_kv_ref)

@@ -12,20 +12,8 @@ from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
 from governor.kernels.gemv import DEFAULT_CONFIG, GemvConfig, gemv, gemv_ref, gemv_usable
-from tests.conftest import TINY
+from tests.conftest import DEVICE, TINY, needs_triton, seeded_randn
 from tests.test_engine_parity import hf_greedy, mixed_prompts
-
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or ew.INTERPRET),
-    reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
-)
-
-
-def _randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    return (torch.randn(*shape, generator=gen, device=DEVICE) * scale).to(dtype)
 
 
 def _assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -47,9 +35,9 @@ def _assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
 @pytest.mark.parametrize("silu_mul", [False, True], ids=["plain", "silu-mul"])
 def test_gemv_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with_bias: bool, silu_mul: bool
                                         ) -> None:
-    x = _randn(1, 2 * k if silu_mul else k, dtype=dtype, seed=0, scale=2.0)
-    w = _randn(n, k, dtype=dtype, seed=1, scale=0.1)
-    bias = _randn(n, dtype=dtype, seed=2) if with_bias else None
+    x = seeded_randn(1, 2 * k if silu_mul else k, dtype=dtype, seed=0, scale=2.0)
+    w = seeded_randn(n, k, dtype=dtype, seed=1, scale=0.1)
+    bias = seeded_randn(n, dtype=dtype, seed=2) if with_bias else None
     got = gemv(x, w, bias, silu_mul, config=GemvConfig(block_n=16, block_k=64, num_warps=4))
     _assert_sum_order_close(got, x, w, bias, silu_mul)
     torch.testing.assert_close(got.float(), gemv_ref(x, w, bias, silu_mul).float(),
@@ -61,7 +49,7 @@ def test_silu_mul_prologue_rounds_where_the_silu_mul_kernel_rounds() -> None:
     """Through an identity weight the output is the prologue's value itself: bitwise the SiLU·mul kernel's
     (same formula and roundings), so folding it into the GEMV changes nothing the model computed before."""
     k = 96
-    gate_up = _randn(1, 2 * k, dtype=torch.bfloat16, seed=3, scale=4.0)
+    gate_up = seeded_randn(1, 2 * k, dtype=torch.bfloat16, seed=3, scale=4.0)
     eye = torch.eye(k, dtype=torch.bfloat16, device=DEVICE)
     got = gemv(gate_up, eye, silu_mul=True, config=GemvConfig(block_n=8, block_k=32, num_warps=4))
     assert torch.equal(got, ew.silu_mul(gate_up))
@@ -70,8 +58,8 @@ def test_silu_mul_prologue_rounds_where_the_silu_mul_kernel_rounds() -> None:
 @needs_triton
 def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
     """The default 1024-column K step and 4-row N block over K = 320 and N = 70: masked on both sides."""
-    x = _randn(1, 320, dtype=torch.bfloat16, seed=4)
-    w = _randn(70, 320, dtype=torch.bfloat16, seed=5, scale=0.1)
+    x = seeded_randn(1, 320, dtype=torch.bfloat16, seed=4)
+    w = seeded_randn(70, 320, dtype=torch.bfloat16, seed=5, scale=0.1)
     _assert_sum_order_close(gemv(x, w), x, w, None, False)
 
 
@@ -123,6 +111,6 @@ def test_the_fused_model_runs_small_steps_through_gemv_and_keeps_transformers_to
                          ids=["qkv", "o", "gate_up", "down-silu", "lm_head", "qwen3-0.6b-down-silu"])
 def test_gpu_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n: int, k: int, silu_mul: bool
                                                                              ) -> None:
-    x = _randn(1, 2 * k if silu_mul else k, dtype=torch.bfloat16, seed=6)
-    w = _randn(n, k, dtype=torch.bfloat16, seed=7, scale=0.02)
+    x = seeded_randn(1, 2 * k if silu_mul else k, dtype=torch.bfloat16, seed=6)
+    w = seeded_randn(n, k, dtype=torch.bfloat16, seed=7, scale=0.02)
     _assert_sum_order_close(gemv(x, w, silu_mul=silu_mul), x, w, None, silu_mul)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,6 +46,31 @@ def hbm_bandwidth_gb_per_s(nbytes: int = 2**30, iters: int = 20) -> float:
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes * iters / seconds / 1e9
+
+
+def graph_us_per_call(fn: Callable[[int], object], calls: int, replays: int = 5) -> float:
+    """Microseconds per call of fn(0), fn(1), ..., fn(calls - 1), captured once in a CUDA graph (so launch
+    overhead is not counted) and replayed `replays` times after a warm replay. fn(i) may use the i-th of several
+    inputs, e.g. weight copies that together overflow L2 so every call reads from HBM."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (Triton compiles, cuBLAS picks) outside the capture
+        for i in range(calls):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
 
 
 def decode_weight_bytes(engine: LLMEngine) -> int:
