@@ -9,11 +9,8 @@
 #    alternately ROUNDS times (default 2) by the base commit (BASE, default the device checkout's HEAD, i.e. the
 #    session's base: a git worktree) and by the working tree. NEW_ONLY="FILE..." measures instead the base
 #    plus only those files of the working tree (another worktree), to separate one change from others.
-# 4. attention A/B: `governor bench attention` by the base and the new tree, batch 1 and 32 at 512, 4K and 32K
-#    (llama3-8b heads, bf16 and fp8 KV), when ATT=1 (for a change to the attention kernels).
-# 5. profile: scripts/profile-decode.py of the new tree at batch 1 (kernel time and count per step).
-# 6. small: the latency A/B (batch 1, 512 context) on the qwen3-0.6b shape as well, when SMALL=1.
-# 7. throughput: qwen3-0.6b shape, 256 x 100 -> 1024 (THR=1; off by default): the new tree.
+# 4. profile: scripts/profile-decode.py of the new tree at batch 1 (kernel time and count per step).
+# 5. small: the latency A/B (batch 1, 512 context) on the qwen3-0.6b shape as well, when SMALL=1.
 # Stages run in that order under one deadline (DEADLINE_S, default 575 s).
 # DRY=1 runs the same flow on CPU with the tiny preset and tiny workloads (to check the script only).
 set -uo pipefail
@@ -21,20 +18,16 @@ T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
 . scripts/gpu-prelude.sh /tmp/issue9g-dry
 if [ "${DRY:-0}" = 1 ]; then
-  L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
+  L=tiny Q=tiny
   LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1 --new-tokens 8)
-  W=(--num-prompts 8 --input-len 10:10 --output-len 12:12)
   PD=(--batch 1 --context 32 --steps 4 device=cpu dtype=float32 load_format=dummy max_model_len=256)
-  ATTA=(--device cpu --batches 1,2 --contexts 64 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
 else
-  L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
+  L=llama3-8b Q=qwen3-0.6b
   LATDEV=(--dtype bfloat16 --max-model-len 4096)
   LAT=(--context 512 --batches "${LAT_BATCHES:-1}" --new-tokens 128)
-  W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)
   PD=(--batch 1 --context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
-  ATTA=(--batches 1,32 --contexts 512,4096,32768 --heads 32:8 --head-dim 128 --kv-dtypes bf16,fp8)
 fi
-LM=/tmp/issue9g/llama-$L QM=/tmp/issue9g/qwen3-$Q QC=/tmp/issue9g/qwen3-config-$Q R=/tmp/issue9g/results BASE_TREE=/tmp/issue9g/base
+LM=/tmp/issue9g/llama-$L QC=/tmp/issue9g/qwen3-config-$Q R=/tmp/issue9g/results BASE_TREE=/tmp/issue9g/base
 NEW_TREE=$PWD
 [ -n "${NEW_ONLY:-}" ] && NEW_TREE=/tmp/issue9g/new
 mkdir -p "$R"
@@ -69,48 +62,31 @@ models() {
     run_py make-qwen-config -m governor.engine make-model "$QC" --arch qwen3 --preset $Q --no-weights \
       --dtype bfloat16 || return 1
   fi
-  [ "${THR:-0}" = 1 ] || return 0
-  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
 }
-latency() {  # latency TAG TREE [MODEL]: `bench latency` of the code in TREE
+latency() {  # latency TAG TREE MODEL: `bench latency` of the code in TREE
   local tree=$2
   PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:/tmp/site:$tree run_py "$1" -m governor.engine bench latency \
-    --model "${3:-$LM}" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
+    --model "$3" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
 }
-att() {  # att TAG TREE: `bench attention` of the code in TREE
-  local tree=$2
-  PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:/tmp/site:$tree run_py "$1" -m governor.engine bench attention \
-    "${ATTA[@]}" --output-json "$R/$1.json"
+ab() {  # ab PREFIX MODEL: the latency of the base and the new tree, alternately, ROUNDS times
+  local i
+  for i in $(seq "${ROUNDS:-2}"); do
+    stage "$1-base-$i" 80 40 latency "$1-base-$i" "$BASE_TREE" "$2"
+    stage "$1-new-$i" 80 40 latency "$1-new-$i" "$NEW_TREE" "$2"
+  done
 }
 profile() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no profile, it needs CUDA)"; return 0; }
   in_new run_py profile scripts/profile-decode.py "$LM" "$R/profile-new.json" "${PD[@]}"
-}
-thr() {
-  in_new run_py thr -m governor.engine bench throughput --model "$QM" "${W[@]}" "${DEV[@]}" --output-json "$R/thr-new.json" &&
-    [ -s "$R/thr-new.json" ]
 }
 
 stage trees 30 5 trees
 [ "${TESTS:-1}" = 1 ] && stage tests 150 60 tests
 [ "${SWEEP:-1}" = 1 ] && stage sweep $((${SWEEP_S:-220} + 40)) 60 sweep
 stage models 60 10 models
-for i in $(seq "${ROUNDS:-2}"); do
-  stage "latency-base-$i" 80 40 latency "latency-base-$i" "$BASE_TREE"
-  stage "latency-new-$i" 80 40 latency "latency-new-$i" "$NEW_TREE"
-done
-if [ "${ATT:-0}" = 1 ]; then
-  stage attention-base 70 30 att attention-base "$BASE_TREE"
-  stage attention-new 70 30 att attention-new "$NEW_TREE"
-fi
+ab latency "$LM"
 stage profile 80 40 profile
-if [ "${SMALL:-0}" = 1 ]; then
-  for i in $(seq "${ROUNDS:-2}"); do
-    stage "latency-small-base-$i" 60 30 latency "latency-small-base-$i" "$BASE_TREE" "$QC"
-    stage "latency-small-new-$i" 60 30 latency "latency-small-new-$i" "$NEW_TREE" "$QC"
-  done
-fi
-[ "${THR:-0}" = 1 ] && stage throughput 80 40 thr
+[ "${SMALL:-0}" = 1 ] && ab latency-small "$QC"
 
 python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .

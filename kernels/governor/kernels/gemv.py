@@ -32,8 +32,9 @@ class GemvConfig(NamedTuple):
     num_warps: int
 
 
-# The fastest configuration over the llama3-8b decode shapes on an H100 (scripts/gemv-sweep.py; docs/benchmarks.md,
-# issue 9, fourth pass): wide K steps over few rows keep each program's loads long and the grid large.
+# Over the llama3-8b decode shapes on an H100 (scripts/gemv-sweep.py; docs/benchmarks.md, issue 9, fourth pass):
+# the fastest of the first sweep, within the spread between calls of the second's fastest (4 x 2048), and the
+# one measured end to end. Wide K steps over few rows keep each program's loads long and the grid large.
 DEFAULT_CONFIG = GemvConfig(block_n=4, block_k=1024, num_warps=4)
 
 
