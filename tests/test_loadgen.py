@@ -443,3 +443,15 @@ def test_dispatcher_sends_bench_throughput_to_the_engine_and_bench_serve_to_load
     assert main(["bench", "throughput", "--model", "x"]) == 0
     assert main(["bench", "serve", "--model", "x"]) == 0
     assert calls == [("engine", ["bench", "throughput", "--model", "x"]), ("loadgen", ["--model", "x"])]
+
+
+def test_the_client_drops_idle_connections_before_the_server_does() -> None:
+    """The load generator's idle connections expire before `governor serve` (uvicorn's default keep-alive,
+    which serve.py does not change) closes them; otherwise a request written to a connection the server is
+    closing fails with a ReadError of the client's making."""
+    import uvicorn
+
+    from governor.loadgen.benchmark import KEEPALIVE_EXPIRY_S
+
+    server_keep_alive_s = uvicorn.Config(app=lambda *args: None).timeout_keep_alive
+    assert 0 < KEEPALIVE_EXPIRY_S < server_keep_alive_s - 1

@@ -19,6 +19,8 @@ from governor.loadgen.client import ENDPOINTS, RequestRecord, endpoint_url, requ
 from governor.loadgen.report import SLO, BenchResult, build_result
 from governor.loadgen.workload import RequestSpec, Workload, arrival_offsets
 
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 @dataclass
 class BenchConfig:
@@ -84,7 +86,11 @@ async def run_benchmark(config: BenchConfig) -> BenchResult:
 
     # The semaphore is the only concurrency limit: an unbounded pool keeps httpx from queueing
     # requests itself (that wait would be counted as TTFT). trust_env=False: never measure a proxy.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # Idle connections expire after 2 s, before a server's own keep-alive timeout (uvicorn's default, and
+    # so `governor serve`'s and vLLM's, is 5 s): with both at 5 s a request can be written to a connection
+    # the server is closing, and fails with a ReadError that is the client's doing, not the server's.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     async with httpx.AsyncClient(timeout=config.timeout_s, limits=limits, trust_env=False) as client:
         t0 = time.perf_counter()
         deadline = t0 + config.duration_s if config.duration_s is not None else math.inf
