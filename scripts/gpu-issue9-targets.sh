@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 9 targets on whatever GPU the device tool lends (written for the H200), one call:
+#   run(command="bash scripts/gpu-issue9-targets.sh", carry=[".whl"], timeout_s=600)
+# 1. throughput: qwen3-0.6b shape, 256 prompts, input 100, output 1024, ignore_eos: the engine (defaults), then
+#    with an fp8 KV cache.
+# 2. hf-static: transformers generate on the same workload, static cache, batch 256 (the baseline).
+# 3. latency: `governor bench latency`, llama3-8b shape, 512-token context, batch 1/8/32 (roofline fraction from
+#    a device copy measured in the same process).
+# 4. attention: `governor bench attention`, batch 32, contexts 4K and 32K, bf16 and fp8 KV, llama3-8b heads.
+# Stages run in that order under one deadline (DEADLINE_S, default 575 s); each gets min(its limit, what is
+# left) and is skipped when too little is left; results land under $OUT as they come.
+# DRY=1 runs the same flow on CPU with the tiny preset and tiny workloads (to check the script only).
+set -uo pipefail
+T0=$SECONDS
+DEADLINE_S=${DEADLINE_S:-575}
+. scripts/gpu-prelude.sh /tmp/issue9t-dry
+if [ "${DRY:-0}" = 1 ]; then
+  L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
+  LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
+  W=(--num-prompts 8 --input-len 10:10 --output-len 12:12) HF_BATCH=8
+else
+  L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
+  LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
+  W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
+fi
+LM=/tmp/issue9t/llama-$L QM=/tmp/issue9t/qwen3-$Q R=/tmp/issue9t/results
+mkdir -p "$R"
+exec > >(tee -a "$OUT/run.log") 2>&1
+cp "$OUT/gpu.txt" "$R/" 2>/dev/null || true
+git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
+. scripts/gpu-deadline.sh
+models() {
+  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
+    --no-weights --dtype bfloat16 || return 1
+  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
+}
+latency() {  # latency TAG ARGS...
+  run_py "$1" -m governor.engine bench latency --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" \
+    "${@:2}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]
+}
+attention() {
+  if [ "${DRY:-0}" = 1 ]; then ATT=(--device cpu --batches 2 --contexts 64 --heads 4:2 --head-dim 16 --kv-dtypes bf16)
+  else ATT=(--batches 32 --contexts 4096,32768 --heads 32:8 --head-dim 128 --kv-dtypes bf16,fp8); fi
+  run_py attention -m governor.engine bench attention "${ATT[@]}" --output-json "$R/attention.json" &&
+    [ -s "$R/attention.json" ]
+}
+thr() {  # thr TAG ARGS...: one `bench throughput`, JSON to $R/thr-TAG.json
+  local tag=$1
+  shift
+  run_py "thr-$tag" -m governor.engine bench throughput --model "$QM" "${W[@]}" "${DEV[@]}" "$@" \
+    --output-json "$R/thr-$tag.json" && [ -s "$R/thr-$tag.json" ]
+}
+
+stage models 60 10 models
+stage throughput 80 40 thr async
+stage throughput-fp8 80 40 thr async-fp8 --kv-cache-dtype fp8
+stage hf-static 160 100 thr hf-static-$HF_BATCH --backend hf --hf-batch-size $HF_BATCH \
+  --hf-cache-implementation static --hf-warmup-tokens 32 --hf-progress-every 256
+stage latency 100 40 latency latency
+stage attention 90 30 attention
+
+python3 scripts/summarize-gpu-results.py "$R" | tee "$OUT/summary.txt"
+cp "$OUT/summary.txt" "$R/" && tar czf "$OUT/results.tgz" -C "$R" .
+echo "total $((SECONDS - T0)) s"
+if [ ${#FAILED[@]} -gt 0 ]; then echo "failed or skipped stages: ${FAILED[*]}"; exit 1; fi
