@@ -57,9 +57,11 @@ def test_silu_mul_prologue_rounds_where_the_silu_mul_kernel_rounds() -> None:
 
 @needs_triton
 def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
-    """The default 1024-column K step and 4-row N block over K = 320 and N = 70: masked on both sides."""
-    x = seeded_randn(1, 320, dtype=torch.bfloat16, seed=4)
-    w = seeded_randn(70, 320, dtype=torch.bfloat16, seed=5, scale=0.1)
+    """The default configuration over N = 70 (not a multiple of its N block) and K = 2,368 (more than one of
+    its K steps, and not a multiple of one): masked on both sides, and a partial last K step."""
+    assert 70 % DEFAULT_CONFIG.block_n and DEFAULT_CONFIG.block_k < 2368 < 2 * DEFAULT_CONFIG.block_k
+    x = seeded_randn(1, 2368, dtype=torch.bfloat16, seed=4)
+    w = seeded_randn(70, 2368, dtype=torch.bfloat16, seed=5, scale=0.1)
     _assert_sum_order_close(gemv(x, w), x, w, None, False)
 
 

@@ -32,10 +32,11 @@ class GemvConfig(NamedTuple):
     num_warps: int
 
 
-# Over the llama3-8b decode shapes on an H100 (scripts/gemv-sweep.py; docs/benchmarks.md, issue 9, fourth pass):
-# the fastest of the first sweep, within the spread between calls of the second's fastest (4 x 2048), and the
-# one measured end to end. Wide K steps over few rows keep each program's loads long and the grid large.
-DEFAULT_CONFIG = GemvConfig(block_n=4, block_k=1024, num_warps=4)
+# Over the llama3-8b decode shapes (scripts/gemv-sweep.py; docs/benchmarks.md, issue 9, fourth and fifth passes):
+# the fastest single configuration of the sweep over a layer on an H100 and on an H200, and end to end on the
+# H200 (scripts/gpu-gemv-config-ab.sh) batch-1 decode 4.35 ms/token against 4.55 with 4 x 1024. Wide K steps
+# over few rows keep each program's loads long and the grid large.
+DEFAULT_CONFIG = GemvConfig(block_n=4, block_k=2048, num_warps=4)
 
 
 def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False
