@@ -223,3 +223,28 @@ def test_knob_bounds_change_the_engine_caps_and_delete_releases_the_service(clus
              "the InferenceService was not released (finalizer) after delete")
     assert children(cluster) == {}  # the operator's delete handler removed them (and GC would have)
     assert operator.proc.poll() is None
+
+
+def test_a_reconcile_of_a_service_being_deleted_changes_nothing(cluster: Cluster) -> None:
+    """kopf runs the periodic reconcile beside the delete handler. A reconcile that finds the service being
+    deleted (deletionTimestamp set, a finalizer still holding it) must neither recreate children the delete
+    handler removed nor write status to an object on its way out (the race CI once caught: a timer recreated
+    a Deployment after on_delete, and the service was not released)."""
+    import kopf
+    import kubernetes
+
+    from governor.operator import handlers
+
+    body = {"apiVersion": "governor.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": NS, "finalizers": ["example.com/hold"]}, "spec": SPEC}
+    r = httpx.post(cluster.url + IS_PATH, json=body, timeout=5)
+    assert r.status_code in (200, 201), r.text
+    r = httpx.delete(cluster.url + f"{IS_PATH}/chat", timeout=5)
+    assert r.status_code in (200, 202), r.text
+    held = get(cluster, f"{IS_PATH}/chat")
+    assert held is not None and held["metadata"].get("deletionTimestamp")
+
+    kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig))
+    handlers._run(kopf.Body(held), kopf.LocalObjectLogger(body=kopf.Body(held), settings=kopf.OperatorSettings()))
+    assert children(cluster) == {}
+    assert status_of(cluster, "chat") == {}

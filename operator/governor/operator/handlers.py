@@ -83,6 +83,8 @@ def _run(body: kopf.Body, logger: kopf.Logger) -> None:
                 return  # deleted meanwhile
             raise
         cmeta = current["metadata"]
+        if cmeta.get("deletionTimestamp"):
+            return  # being deleted: on_delete removes the children; a reconcile now would recreate them
         outcome = reconcile(name, namespace, cmeta["uid"], int(cmeta.get("generation") or 1), current.get("spec"),
                             current.get("status") or {}, cmeta.get("annotations") or {},
                             pod_monitor=_pod_monitor_available(namespace), query=_query(),
@@ -117,8 +119,12 @@ def on_timer(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
 def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """Deletes the children under the object's reconcile lock: a reconcile already running (the timer's, which
+    kopf runs beside this handler) finishes first, and every later one sees the deletion and does nothing, so
+    no child is recreated after this and no status is written to an object on its way out."""
     meta = body["metadata"]
-    removed = delete_children(meta["name"], meta["namespace"])
+    with _lock(meta["uid"]):
+        removed = delete_children(meta["name"], meta["namespace"])
     logger.info("deleted children: %s", ", ".join(removed) or "none")
 
 
