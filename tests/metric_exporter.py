@@ -1,8 +1,8 @@
 """A small exporter the test controls, standing in for one revision's engines on Prometheus' side.
 
-It serves the engine's own metric names and labels (`governor.contract`) for one (model_name, revision):
-`governor_engine_info`, the TTFT/ITL/E2E histograms with the engine's buckets, finished and error counters
-and generated tokens, fed by a background thread with `rate_hz` synthetic requests a second whose
+It serves the engine's own metric names and labels (`governor.contract`) for one (model_name, revision,
+namespace): `governor_engine_info`, the TTFT/ITL/E2E histograms with the engine's buckets, finished and error
+counters and generated tokens, fed by a background thread with `rate_hz` synthetic requests a second whose
 latencies are `ttft_s` (and `itl_s`, `e2e_s`) ± 5%. `silent = True` makes /metrics answer 503, so
 Prometheus' scrapes fail and the revision's series go stale, as when its pods stop answering.
 On 127.0.0.1 only; the feeding thread stops with `close()`.
@@ -27,6 +27,7 @@ SCOPE = list(contract.SCOPE_LABELS)
 class Exporter:
     model: str
     revision: str
+    namespace: str = ""
     ttft_s: float = 0.1
     itl_s: float = 0.02
     e2e_s: float = 1.0
@@ -37,7 +38,7 @@ class Exporter:
 
     def __post_init__(self) -> None:
         r, b = self.registry, contract.LATENCY_BUCKETS
-        labels = {"model_name": self.model, "revision": self.revision}
+        labels = dict(zip(SCOPE, (self.model, self.revision, self.namespace), strict=True))
         Gauge(contract.ENGINE_INFO, "engine identity", SCOPE, registry=r).labels(**labels).set(1)
         self._ttft = Histogram(contract.TTFT_SECONDS, "ttft", SCOPE, buckets=b, registry=r).labels(**labels)
         self._itl = Histogram(contract.ITL_SECONDS, "itl", SCOPE, buckets=b, registry=r).labels(**labels)
@@ -49,7 +50,7 @@ class Exporter:
         self._tokens = Counter(contract.GENERATION_TOKENS.removesuffix("_total"), "tokens", SCOPE,
                                registry=r).labels(**labels)
         self._stop = threading.Event()
-        self._rng = random.Random(f"{self.model}/{self.revision}")
+        self._rng = random.Random(f"{self.namespace}/{self.model}/{self.revision}")
         exporter = self
 
         class Handler(BaseHTTPRequestHandler):

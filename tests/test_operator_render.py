@@ -298,6 +298,12 @@ def test_admin_token_reaches_the_engine_only_as_a_secret_reference() -> None:
     assert "--admin-token-file" not in engine_of(objs)["args"]
 
 
+def test_the_engine_takes_its_namespace_label_from_the_pod_s_own_namespace() -> None:
+    env = {e["name"]: e for e in engine_of(children(spec_of(MINIMAL)))["env"]}
+    assert env[contract.NAMESPACE_ENV] == {"name": "GOVERNOR_NAMESPACE", "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.namespace"}}}
+
+
 def test_admin_secret_holds_the_token_and_is_owned() -> None:
     secret = admin_secret(NAME, NAMESPACE, UID, "s3cret")
     assert secret["metadata"]["name"] == "chat-admin-token"

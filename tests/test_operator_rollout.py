@@ -181,8 +181,9 @@ def test_a_trigger_without_data_has_no_verdict() -> None:
 
 def test_judge_sends_scoped_promql_and_reads_both_revisions() -> None:
     answers: dict[str, Any] = {
-        engines_query("chat", "s1"): 3.0, engines_query("chat", "c2"): 1.0,
-        metric_query("ttft_p95", "chat", "c2", 60): 0.3, metric_query("ttft_p95", "chat", "s1", 60): 0.2,
+        engines_query("chat", "s1", namespace="team-a"): 3.0, engines_query("chat", "c2", namespace="team-a"): 1.0,
+        metric_query("ttft_p95", "chat", "c2", 60, namespace="team-a"): 0.3,
+        metric_query("ttft_p95", "chat", "s1", 60, namespace="team-a"): 0.2,
     }
     asked: list[str] = []
 
@@ -190,16 +191,20 @@ def test_judge_sends_scoped_promql_and_reads_both_revisions() -> None:
         asked.append(promql)
         return answers.get(promql)
 
-    judgement = judge([TTFT], query, "chat", stable="s1", canary="c2")
+    judgement = judge([TTFT], query, "chat", stable="s1", canary="c2", namespace="team-a")
     assert judgement.fired is not None and judgement.fired.canary == 0.3 and judgement.missing == []
-    ttft = metric_query("ttft_p95", "chat", "c2", 60)
-    assert 'model_name="chat", revision="c2"' in ttft and "[1m]" not in ttft and "[60s]" in ttft
+    assert set(asked) == set(answers)
+    ttft = metric_query("ttft_p95", "chat", "c2", 60, namespace="team-a")
+    assert 'model_name="chat", revision="c2", namespace="team-a"' in ttft and "[1m]" not in ttft and "[60s]" in ttft
     assert "governor_time_to_first_token_seconds_bucket" in ttft
-    assert "/ avg_over_time(count(governor_engine_info" in metric_query("throughput", "chat", "c2", 60)
+    throughput = metric_query("throughput", "chat", "c2", 60, namespace="team-a")
+    assert throughput.endswith('/ avg_over_time(count(governor_engine_info{model_name="chat", revision="c2", '
+                               'namespace="team-a"})[60s:])')
 
 
 def test_judge_holds_when_a_revision_is_not_scraped() -> None:
-    judgement = judge([TTFT], lambda q: 0.5 if "c2" in q else None, "chat", stable="s1", canary="c2")
+    judgement = judge([TTFT], lambda q: 0.5 if "c2" in q else None, "chat", stable="s1", canary="c2",
+                      namespace="team-a")
     assert judgement.fired is None
     assert judgement.missing[0] == "revision s1: no engine scraped now"
 

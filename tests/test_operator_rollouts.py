@@ -1,6 +1,7 @@
 """Canary rollouts end to end: the real operator (kopf) against KMock's emulator, judging triggers through
 real PromQL on a real Prometheus (Debian's binary) that scrapes small exporters the test controls — one per
-revision, with the engine's metric names and labels (tests/metric_exporter.py).
+revision, with the engine's metric names and labels (tests/metric_exporter.py). Beside them a same-named
+service in another namespace, with the same revisions, has a slow canary: the operator must not see it.
 
 The emulator runs no controllers: a stand-in for the Deployment controller and kubelets marks every
 Deployment's pods ready (status.readyReplicas = spec.replicas), so a canary's step clock can start.
@@ -20,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.analysis import PrometheusQuery, judge
+from governor.operator.api import InferenceServiceSpec, RollbackTrigger, parse_spec
 from governor.operator.render import revision_hash
 from tests.kube_emulator import Cluster, start_emulator
 from tests.metric_exporter import Exporter
@@ -129,12 +131,17 @@ def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     v1, v2 = spec_with("ghcr.io/example/engine:1", pause, route), spec_with("ghcr.io/example/engine:2", pause, route)
     with ExitStack() as stack:
         cluster = stack.enter_context(start_emulator(tmp_path))
-        stable = Exporter("chat", revision_of(v1), ttft_s=0.1)
+        stable = Exporter("chat", revision_of(v1), NS, ttft_s=0.1)
         stack.callback(stable.close)
-        canary = Exporter("chat", revision_of(v2), ttft_s=canary_ttft)
+        canary = Exporter("chat", revision_of(v2), NS, ttft_s=canary_ttft)
         stack.callback(canary.close)
+        # Another team's `chat` with the same spec: same model_name and revision, another namespace, a slow
+        # canary. Mixed in, it would fire the TTFT trigger of a healthy canary and hide a silent one.
+        neighbour = Exporter("chat", revision_of(v2), f"{NS}-other-team", ttft_s=1.0)
+        stack.callback(neighbour.close)
         (tmp_path / "prom").mkdir()
-        prometheus = stack.enter_context(start_prometheus([stable.target, canary.target], tmp_path / "prom"))
+        prometheus = stack.enter_context(start_prometheus([stable.target, canary.target, neighbour.target],
+                                                          tmp_path / "prom"))
         stop = threading.Event()
         ready_cap: dict[str, int] = {}
         threading.Thread(target=mark_pods_ready, args=(cluster, stop, ready_cap), daemon=True).start()
@@ -298,3 +305,33 @@ def test_with_an_http_route_the_canary_share_is_set_by_route_weights(world: Worl
                "after promotion the route did not send everything to the new stable revision")
     rule = ((get(world.cluster, f"{routes}/chat-route") or {})["spec"])["rules"][0]
     assert rule["matches"] == route["spec"]["rules"][0]["matches"]  # the user's parts of the route are kept
+
+
+def test_judging_reads_only_the_service_s_own_namespace(tmp_path: Path) -> None:
+    """team-a/chat and team-b/chat have the same served name and spec, so the same model_name and revisions;
+    only team-b's canary is slow. Each namespace's canary is judged on its own engines."""
+    trigger = RollbackTrigger.model_validate(TTFT_TRIGGER)
+    with ExitStack() as stack:
+        exporters = {(ns, rev): Exporter("chat", rev, ns, ttft_s=0.3 if (ns, rev) == ("team-b", "c2") else 0.1)
+                     for ns in ("team-a", "team-b") for rev in ("s1", "c2")}
+        for exporter in exporters.values():
+            stack.callback(exporter.close)
+        (tmp_path / "prom").mkdir()
+        prometheus = stack.enter_context(start_prometheus([e.target for e in exporters.values()], tmp_path / "prom"))
+        query = PrometheusQuery(prometheus.url)
+
+        def judged(namespace: str) -> Any:
+            judgement = judge([trigger], query, "chat", stable="s1", canary="c2", namespace=namespace,
+                              scrape_interval_s=1.0)
+            return judgement if not judgement.missing else None
+
+        wait_for(lambda: judged("team-a") and judged("team-b"), 30, prometheus.log, "no verdict for both teams")
+        healthy, slow = judged("team-a"), judged("team-b")
+        assert healthy.fired is None and 0.05 < healthy.results[0].canary < 0.2, healthy.to_status()
+        assert slow.fired is not None and slow.fired.canary > 0.2, slow.to_status()
+
+        exporters["team-a", "c2"].silent = True  # team-a's canary goes unscraped; team-b's is still there
+        stale = wait_for(lambda: (j := judge([trigger], query, "chat", stable="s1", canary="c2", namespace="team-a",
+                                             scrape_interval_s=1.0)).stale and j, 15, prometheus.log,
+                         "team-a's silent canary was not seen as unscraped")
+        assert stale.stale == ("c2",) and stale.fired is None

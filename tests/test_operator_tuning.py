@@ -44,9 +44,11 @@ from governor.operator.tuning import (
     TuningConfig,
     admin_token,
     engine_urls,
+    prometheus_source,
     record_event,
     tuner_bounds,
 )
+from governor.tuner.prom import PrometheusSource
 from governor.tuner.records import DecisionRecord, Outcome
 from tests.kube_emulator import Cluster, start_emulator
 from tests.prometheus_server import PromServer, start_prometheus
@@ -130,13 +132,14 @@ class Loop:
     """A `ServiceTuning` with scripted engines (`tests.test_tuner_loop.Engines`) as source and actuator; it
     records every status write (with the interval it happened in), every Event and every Tuner built."""
 
-    def __init__(self, windows: list[Any], previous: dict[str, Any] | None = None) -> None:
+    def __init__(self, windows: list[Any], previous: dict[str, Any] | None = None, namespace: str = NS) -> None:
         self.engines = Engines(windows)
         self.writes: list[tuple[int, dict[str, Any]]] = []
         self.events: list[tuple[str, str, str]] = []
         self.built: list[TuningConfig] = []
         self.n = 0
-        self.tuning = ServiceTuning("chat", NS, previous, write_status=lambda doc: self.writes.append((self.n, doc)),
+        self.tuning = ServiceTuning("chat", namespace, previous,
+                                    write_status=lambda doc: self.writes.append((self.n, doc)),
                                     post_event=lambda *e: self.events.append(e),
                                     make_actuator=lambda revision: self.engines, make_source=self._source,
                                     clock=lambda: 15.0 * self.n)
@@ -173,6 +176,15 @@ def test_a_decision_reaches_status_and_an_event_and_status_is_written_only_on_ch
     assert [(n, w["state"]["hold"]) for n, w in loop.writes] == [(1, "Settling"), (4, "NoBaseline"), (6, None),
                                                                  (7, "Verifying")]
     assert loop.built == loop.built[:1]  # one Tuner throughout
+
+
+def test_the_tuner_reads_the_signals_of_its_service_s_namespace_only() -> None:
+    loop = Loop([queueing()], namespace="team-a")
+    loop.run(1)
+    (config,) = loop.built
+    source = prometheus_source(config)
+    assert isinstance(source, PrometheusSource)
+    assert source.sel == 'model_name="chat", revision="r1", namespace="team-a"'
 
 
 def test_a_rollout_holds_the_tuner_still_and_a_fresh_one_starts_after_it() -> None:
@@ -317,7 +329,7 @@ def engine(hf_checkpoint: Callable[[str], Path], tmp_path: Path) -> Iterator[tup
                       "--max-model-len", "256", "--num-kv-blocks", "256", "--max-num-seqs", "1",
                       "--max-num-seqs-cap", "8", "--max-num-batched-tokens", "256",
                       "--max-num-batched-tokens-cap", "512", log_dir=tmp_path,
-                      env={contract.ADMIN_TOKEN_ENV: TOKEN}) as s:
+                      env={contract.ADMIN_TOKEN_ENV: TOKEN, contract.NAMESPACE_ENV: NS}) as s:  # as rendered
         yield s, revision
 
 

@@ -41,6 +41,7 @@ from governor.engine.tokenizer import load_tokenizer
 ADMIN_TOKEN = "test-admin-token"
 MODEL = "tiny-qwen3"
 REVISION = "r1"
+NAMESPACE = "team-a"
 MAX_MODEL_LEN = 512
 NUM_KV_BLOCKS = 256
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
@@ -151,7 +152,7 @@ def server(chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                       "--max-num-seqs", "8", "--max-num-seqs-cap", "16",
                       "--max-num-batched-tokens", "128", "--max-num-batched-tokens-cap", "512",
                       "--drain-grace-s", "5", log_dir=tmp_path_factory.mktemp("logs"),
-                      env={contract.ADMIN_TOKEN_ENV: ADMIN_TOKEN}) as s:
+                      env={contract.ADMIN_TOKEN_ENV: ADMIN_TOKEN, contract.NAMESPACE_ENV: NAMESPACE}) as s:
         yield s
 
 
@@ -491,11 +492,12 @@ def test_kv_gauges_report_the_configured_pool(server: Server) -> None:
     assert 0 <= server.metric(contract.KV_BLOCKS_USED) <= NUM_KV_BLOCKS
 
 
-def test_every_series_carries_model_name_and_revision(server: Server) -> None:
+def test_every_series_carries_the_scope_labels(server: Server) -> None:
     samples = server.metrics()
     assert samples
     for name, labels, _ in samples:
-        assert (labels.get("model_name"), labels.get("revision")) == (MODEL, REVISION), name
+        scope = tuple(labels.get(label) for label in contract.SCOPE_LABELS)
+        assert scope == (MODEL, REVISION, NAMESPACE), name  # the namespace from env GOVERNOR_NAMESPACE
 
 
 def test_engine_info_identifies_model_and_tokenizer(server: Server) -> None:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from governor import contract
 from governor.engine.server.app import ServerState, create_app
 from governor.engine.server.metrics import EngineMetrics
+from governor.engine.server.serve import scope_of
 
 
 def loading_client() -> TestClient:
@@ -35,8 +37,20 @@ def test_api_calls_while_loading_get_503_with_retry_after() -> None:
 
 def test_metrics_are_served_while_loading_without_engine_info() -> None:
     text = loading_client().get("/metrics").text
-    assert 'governor_requests_finished_total{finish_reason="length",model_name="m",revision="r1"} 0.0' in text
+    assert 'governor_requests_finished_total{finish_reason="length",model_name="m",namespace="",revision="r1"} 0.0' \
+        in text
     assert "governor_engine_info{" not in text
+
+
+def test_metrics_carry_the_namespace_from_the_flag_else_the_env() -> None:
+    env = {contract.REVISION_ENV: "r-env", contract.NAMESPACE_ENV: "team-env"}
+    assert scope_of(None, None, env) == ("r-env", "team-env")
+    assert scope_of("r-flag", "team-flag", env) == ("r-flag", "team-flag")  # the flags win
+    assert scope_of(None, None, {}) == ("", "")  # a standalone engine
+    state = ServerState(EngineMetrics("m", *scope_of(None, "team-flag", env)), "m", "/models/m", admin_token=None)
+    text = TestClient(create_app(state)).get("/metrics").text
+    assert ('governor_requests_finished_total{finish_reason="length",model_name="m",namespace="team-flag",'
+            'revision="r-env"} 0.0') in text
 
 
 def test_a_model_that_fails_to_load_exits_1_with_the_reason(tmp_path: Path) -> None:

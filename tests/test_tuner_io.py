@@ -66,16 +66,16 @@ def test_quantile_edge_cases_follow_prometheus() -> None:
 EXPOSITION = """\
 # HELP governor_knob Effective knob.
 # TYPE governor_knob gauge
-governor_knob{model_name="m",revision="r",name="max_num_seqs"} {mns}
-governor_knob{model_name="m",revision="r",name="max_num_batched_tokens"} 128.0
-governor_knob{model_name="m",revision="r",name="num_speculative_tokens"} 0.0
+governor_knob{model_name="m",namespace="ns",revision="r",name="max_num_seqs"} {mns}
+governor_knob{model_name="m",namespace="ns",revision="r",name="max_num_batched_tokens"} 128.0
+governor_knob{model_name="m",namespace="ns",revision="r",name="num_speculative_tokens"} 0.0
 # TYPE governor_generation_tokens_total counter
-governor_generation_tokens_total{model_name="m",revision="r"} {gen}
+governor_generation_tokens_total{model_name="m",namespace="ns",revision="r"} {gen}
 # TYPE governor_time_to_first_token_seconds histogram
-governor_time_to_first_token_seconds_bucket{model_name="m",revision="r",le="0.1"} {b1}
-governor_time_to_first_token_seconds_bucket{model_name="m",revision="r",le="+Inf"} {b2}
-governor_time_to_first_token_seconds_count{model_name="m",revision="r"} {b2}
-governor_time_to_first_token_seconds_sum{model_name="m",revision="r"} 1.0
+governor_time_to_first_token_seconds_bucket{model_name="m",namespace="ns",revision="r",le="0.1"} {b1}
+governor_time_to_first_token_seconds_bucket{model_name="m",namespace="ns",revision="r",le="+Inf"} {b2}
+governor_time_to_first_token_seconds_count{model_name="m",namespace="ns",revision="r"} {b2}
+governor_time_to_first_token_seconds_sum{model_name="m",namespace="ns",revision="r"} 1.0
 # TYPE other_metric gauge
 other_metric 3.0
 """
@@ -89,7 +89,7 @@ def exposition(mns: int = 8, gen: float = 0.0, b1: float = 0.0, b2: float = 0.0)
 def test_parse_metrics_keeps_the_needed_samples_by_wire_name() -> None:
     m = parse_metrics(exposition(gen=42, b1=1, b2=2))
     assert "other_metric" not in m
-    assert m[contract.GENERATION_TOKENS] == [({"model_name": "m", "revision": "r"}, 42.0)]
+    assert m[contract.GENERATION_TOKENS] == [({"model_name": "m", "namespace": "ns", "revision": "r"}, 42.0)]
     les = {lab["le"] for lab, _ in m[f"{contract.TTFT_SECONDS}_bucket"]}
     assert les == {"0.1", "+Inf"}
 

@@ -1,14 +1,16 @@
 """The tuner's Prometheus source: PromQL over a real Prometheus scraping a real engine.
 
 Pure tests for the PromQL it writes and how it reads results; then one `governor serve` process (tiny
-Qwen3, admin token, revision r1) and one Prometheus (Debian's binary) scraping it every second, both on
-127.0.0.1. The traffic fixture drives a few greedy completions between a scrape it waits for and one it
-waits for after, so the window holds exactly that traffic, as does the direct scraper's. Every wait is
-bounded.
+Qwen3, admin token, revision r1, namespace team-a) and one Prometheus (Debian's binary) scraping it every
+second, both on 127.0.0.1, beside an exporter of the same model name and revision in namespace team-b
+(another team's service of the same name and spec), whose signals must not mix with team-a's. The traffic
+fixture drives a few greedy completions between a scrape it waits for and one it waits for after, so the
+window holds exactly that traffic, as does the direct scraper's. Every wait is bounded.
 """
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import dataclasses
 import logging
@@ -22,6 +24,7 @@ import pytest
 
 from governor import contract
 from governor.tuner.actuate import apply_knobs
+from governor.tuner.cli import add_run_arguments, build_tuner
 from governor.tuner.prom import (
     SAMPLE_METRICS,
     PrometheusSource,
@@ -32,15 +35,19 @@ from governor.tuner.prom import (
     signal_queries,
     single_value,
 )
+from governor.tuner.records import FanOut
 from governor.tuner.scrape import EngineScraper
 from governor.tuner.signals import Signals, is_stale
 from tests import prometheus_server
+from tests.metric_exporter import Exporter
 from tests.prometheus_server import PromServer, start_prometheus
 from tests.test_server import Server, admin, free_port, greedy_completions, start_server, wait_until
 
 TOKEN = "tuner-prom-secret"
 MODEL = "tuner-prom"
 REVISION = "r1"
+NAMESPACE = "team-a"
+OTHER_NAMESPACE = "team-b"
 SCRAPE_S = 1.0
 WINDOW_S = 60.0
 SIGNAL_FIELDS = {f.name for f in dataclasses.fields(Signals)} - {"time", "knobs", "age_s"}
@@ -57,11 +64,34 @@ def test_durations_are_whole_seconds_or_milliseconds() -> None:
         duration(0.0)
 
 
-def test_the_selector_scopes_to_service_and_optional_revision_with_escaped_values() -> None:
+def test_the_selector_scopes_to_service_and_optional_revision_and_namespace_with_escaped_values() -> None:
     assert matchers("llama", "r7") == 'model_name="llama", revision="r7"'
     assert matchers("llama", None) == 'model_name="llama"'
     assert matchers("llama", "") == 'model_name="llama", revision=""'  # an engine without a revision
+    assert matchers("llama", "r7", "team-a") == 'model_name="llama", revision="r7", namespace="team-a"'
+    assert matchers("llama", None, namespace="team-a") == 'model_name="llama", namespace="team-a"'
     assert matchers('a"b\\c', None) == 'model_name="a\\"b\\\\c"'
+
+
+def test_a_source_given_a_namespace_scopes_every_query_to_it() -> None:
+    source = PrometheusSource("http://prom.invalid", "m", "r", window_s=30, scrape_interval_s=5, namespace="ns")
+    for field, query in source.queries().items():
+        assert query.count("{") == query.count('model_name="m", revision="r", namespace="ns"') > 0, field
+
+
+@pytest.mark.parametrize(("flags", "sel"), [
+    ([], 'model_name="chat", revision="r1"'),  # standalone engines: no namespace label to match
+    (["--namespace", "team-a"], 'model_name="chat", revision="r1", namespace="team-a"'),
+])
+def test_tune_run_scopes_its_prometheus_queries_to_the_namespace_it_is_given(
+        flags: list[str], sel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(contract.ADMIN_TOKEN_ENV, "t")
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    args = parser.parse_args(["--engine", "http://e0", "--service", "chat", "--revision", "r1", "--ttft-p95", "1",
+                              "--itl-p95", "0.1", "--prometheus", "http://prom.invalid", *flags])
+    source = build_tuner(args, FanOut([])).source
+    assert isinstance(source, PrometheusSource) and source.sel == sel
 
 
 def test_every_signal_has_a_query_and_p95_is_the_documented_histogram_quantile() -> None:
@@ -152,6 +182,7 @@ def test_a_missing_prometheus_fails_the_test_saying_how_to_install_it(monkeypatc
 @pytest.fixture(scope="module")
 def engine(hf_checkpoint: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with start_server(hf_checkpoint("qwen3"), "--served-model-name", MODEL, "--revision", REVISION,
+                      "--namespace", NAMESPACE,
                       "--max-model-len", "256", "--num-kv-blocks", "128", "--max-num-seqs", "8",
                       "--max-num-seqs-cap", "16", "--max-num-batched-tokens", "128",
                       "--max-num-batched-tokens-cap", "512", log_dir=tmp_path_factory.mktemp("logs"),
@@ -160,14 +191,25 @@ def engine(hf_checkpoint: Callable[[str], Path], tmp_path_factory: pytest.TempPa
 
 
 @pytest.fixture(scope="module")
-def prometheus(engine: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
-    with start_prometheus([engine.url.removeprefix("http://")], tmp_path_factory.mktemp("prometheus"),
-                          scrape_interval_s=SCRAPE_S) as p:
+def other_team() -> Iterator[Exporter]:
+    """Team-b's service of the same name and spec: slow, failing half its requests, and without knob gauges."""
+    exporter = Exporter(MODEL, REVISION, OTHER_NAMESPACE, ttft_s=5.0, e2e_s=20.0, error_rate=0.5)
+    yield exporter
+    exporter.close()
+
+
+@pytest.fixture(scope="module")
+def prometheus(engine: Server, other_team: Exporter, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[PromServer]:
+    with start_prometheus([engine.url.removeprefix("http://"), other_team.target],
+                          tmp_path_factory.mktemp("prometheus"), scrape_interval_s=SCRAPE_S) as p:
         yield p
 
 
-def source(prometheus: PromServer, service: str = MODEL, revision: str | None = REVISION) -> PrometheusSource:
-    return PrometheusSource(prometheus.url, service, revision, window_s=WINDOW_S, scrape_interval_s=SCRAPE_S)
+def source(prometheus: PromServer, service: str = MODEL, revision: str | None = REVISION,
+           namespace: str | None = NAMESPACE) -> PrometheusSource:
+    return PrometheusSource(prometheus.url, service, revision, window_s=WINDOW_S, scrape_interval_s=SCRAPE_S,
+                            namespace=namespace)
 
 
 def effective_knobs(engine: Server) -> dict[str, int]:
@@ -178,7 +220,7 @@ def effective_knobs(engine: Server) -> dict[str, int]:
 
 def scraped_total(prometheus: PromServer, metric: str) -> float | None:
     """What Prometheus last scraped of `metric` for the test's service (None before the first scrape)."""
-    return single_value(prometheus.query(f"sum({metric}{{{matchers(MODEL, REVISION)}}})"))
+    return single_value(prometheus.query(f"sum({metric}{{{matchers(MODEL, REVISION, NAMESPACE)}}})"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,12 +311,29 @@ def test_a_knob_change_shows_through_prometheus(engine: Server, prometheus: Prom
                timeout=10)
 
 
-def test_another_service_or_revision_has_no_series_and_is_stale(prometheus: PromServer, traffic: Window) -> None:
+def test_another_service_revision_or_namespace_has_no_series_and_is_stale(prometheus: PromServer,
+                                                                         traffic: Window) -> None:
     assert source(prometheus, revision=None).observe().knobs == traffic.observed.knobs  # every revision
-    for src in (source(prometheus, service="no-such-service"), source(prometheus, revision="r2")):
+    for src in (source(prometheus, service="no-such-service"), source(prometheus, revision="r2"),
+                source(prometheus, namespace="team-c")):
         s = src.observe()
         assert s.knobs == {} and s.age_s == math.inf and is_stale(s, SCRAPE_S)
         assert all(getattr(s, name) is None for name in SIGNAL_FIELDS), s
+
+
+def test_the_same_service_and_revision_in_another_namespace_is_not_mixed_in(engine: Server, prometheus: PromServer,
+                                                                            traffic: Window) -> None:
+    # Team-a's window (traffic.observed) agrees with the direct scraper of team-a's engine alone, and so does
+    # an observation now: one engine, whose knobs count as agreed, and none of team-b's errors.
+    ours = source(prometheus).observe()
+    assert ours.knobs == effective_knobs(engine) and ours.error_rate in (0.0, None)
+    theirs = source(prometheus, namespace=OTHER_NAMESPACE).observe()
+    assert theirs.error_rate is not None and 0.3 < theirs.error_rate < 0.7
+    assert theirs.ttft_p95_s is not None and 4.0 < theirs.ttft_p95_s <= 6.0  # the buckets around 5 s
+    assert theirs.knobs == {}  # team-b exports no knob gauges: team-a's are not counted as theirs
+    # Unscoped, two engines of which one has no knob gauges: no knob is agreed on, and team-b's errors count.
+    both = source(prometheus, namespace=None).observe()
+    assert both.knobs == {} and both.error_rate is not None and both.error_rate > 0
 
 
 def test_an_unreachable_prometheus_gives_stale_signals_without_raising(caplog: pytest.LogCaptureFixture) -> None:

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--drain-grace-s", type=float, default=30.0,
                     help="on SIGTERM, how long in-flight requests may take to finish")
     sv.add_argument("--revision", default=None, help="revision label on metrics (default env GOVERNOR_REVISION)")
+    sv.add_argument("--namespace", default=None,
+                    help="namespace label on metrics (default env GOVERNOR_NAMESPACE, else none)")
     sv.add_argument("--salt-per-api-key", action="store_true",
                     help="isolate the prefix cache per client API key (Authorization bearer token)")
     _add_engine_args(sv)
@@ -168,7 +170,8 @@ def _run(args: argparse.Namespace) -> int:
         engine_args.setdefault("enable_prefix_caching", True)  # on by default when serving
         config = EngineConfig(model=args.model, **engine_args)
         return serve(config, args.host, args.port, args.served_model_name, read_admin_token(args.admin_token_file),
-                     args.max_queue, args.drain_grace_s, args.revision, args.salt_per_api_key)
+                     args.max_queue, args.drain_grace_s, args.revision, args.salt_per_api_key,
+                     namespace=args.namespace)
     if args.command == "make-model":
         from governor.engine.models.make_model import make_model
 

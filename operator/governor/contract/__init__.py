@@ -68,9 +68,14 @@ SPEC_ACCEPTED_BY_POSITION = "governor_spec_accepted_by_position_total"  # label 
 KNOB = "governor_knob"  # label name: the effective value of each live knob
 ENGINE_INFO = "governor_engine_info"
 
-# Every series carries these, so the operator and tuner can scope queries to a service and revision.
-SCOPE_LABELS = ("model_name", "revision")
+# Every series carries these, so the operator and tuner can scope queries to one service (its served model
+# name and its namespace) and one revision. `namespace` is the label prometheus-operator's PodMonitor puts on
+# every target (the pod's namespace): on a clash Prometheus keeps the target's, of the same value, so the
+# series carries namespace="<pod namespace>" with or without that relabelling. Empty for a standalone engine
+# (Prometheus stores no empty label).
+SCOPE_LABELS = ("model_name", "revision", "namespace")
 REVISION_ENV = "GOVERNOR_REVISION"
+NAMESPACE_ENV = "GOVERNOR_NAMESPACE"  # the operator sets it from the pod's metadata.namespace (downward API)
 
 # Latency histogram buckets (seconds): fine enough for p95 between 5 ms and 60 s.
 LATENCY_BUCKETS = (

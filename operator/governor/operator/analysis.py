@@ -1,8 +1,8 @@
 """Judging a canary step: each `rollbackOn` trigger evaluated from Prometheus, canary against stable.
 
 A trigger names a metric, a comparison and a threshold, and a window (`for`). Each metric is the same
-PromQL the tuner reads (`governor.tuner.prom.signal_queries`), scoped to the service's served model name
-and one revision, over `[for]`:
+PromQL the tuner reads (`governor.tuner.prom.signal_queries`), scoped to the service's served model name,
+its namespace and one revision, over `[for]`:
 
 | metric | value | worse when |
 | --- | --- | --- |
@@ -59,18 +59,20 @@ Query = Callable[[str], float | None]
 """Runs one instant PromQL query that yields a single number; None for no data (or an unusable Prometheus)."""
 
 
-def engines_query(service: str, revision: str) -> str:
-    """How many engines of `revision` Prometheus scraped successfully at its latest scrape (one
-    `governor_engine_info` series each; a failed scrape marks the series stale at once)."""
-    return f"count({contract.ENGINE_INFO}{{{matchers(service, revision)}}})"
+def engines_query(service: str, revision: str, *, namespace: str) -> str:
+    """How many engines of `revision` of `service` in `namespace` Prometheus scraped successfully at its latest
+    scrape (one `governor_engine_info` series each; a failed scrape marks the series stale at once)."""
+    return f"count({contract.ENGINE_INFO}{{{matchers(service, revision, namespace)}}})"
 
 
-def metric_query(metric: str, service: str, revision: str, window_s: float) -> str:
-    """PromQL for one trigger metric of one revision over the last `window_s` seconds."""
+def metric_query(metric: str, service: str, revision: str, window_s: float, *, namespace: str) -> str:
+    """PromQL for one trigger metric of one revision of `service` in `namespace` over the last `window_s`
+    seconds."""
     field_name, _ = METRICS[metric]
-    query = signal_queries(matchers(service, revision), duration(window_s))[field_name]
+    query = signal_queries(matchers(service, revision, namespace), duration(window_s))[field_name]
     if metric == "throughput":  # per engine (the canary runs fewer pods), engines averaged over the window
-        query = f"({query}) / avg_over_time({engines_query(service, revision)}[{duration(window_s)}:])"
+        engines = engines_query(service, revision, namespace=namespace)
+        query = f"({query}) / avg_over_time({engines}[{duration(window_s)}:])"
     return query
 
 
@@ -150,9 +152,11 @@ class Judgement:
         return [r.to_status() for r in self.results]
 
 
-def judge(triggers: Sequence[RollbackTrigger], query: Query, service: str, stable: str, canary: str,
-          scrape_interval_s: float = 0.0) -> Judgement:
-    """Evaluate every trigger, canary revision against stable, through `query`.
+def judge(triggers: Sequence[RollbackTrigger], query: Query, service: str, stable: str, canary: str, *,
+          namespace: str, scrape_interval_s: float = 0.0) -> Judgement:
+    """Evaluate every trigger, canary revision against stable, through `query`, on the engines of `service`
+    (served model name) in `namespace`: another namespace's service of the same name and spec has the same
+    model_name and revisions.
 
     A trigger that fires counts even when another has no data: a clear regression rolls back at once. Data
     of a revision that is not being scraped now is not judged at all (its windows may be old). A trigger's
@@ -160,14 +164,15 @@ def judge(triggers: Sequence[RollbackTrigger], query: Query, service: str, stabl
     if not triggers:
         return Judgement()
     compared = (canary, stable) if any(t.comparison == "relative" for t in triggers) else (canary,)
-    stale = tuple(rev for rev in compared if not query(engines_query(service, rev)))
+    stale = tuple(rev for rev in compared if not query(engines_query(service, rev, namespace=namespace)))
     results = []
     for i, trigger in enumerate(triggers):
         window_s = window_for(duration_seconds(trigger.for_), scrape_interval_s)
-        canary_value = None if canary in stale else query(metric_query(trigger.metric, service, canary, window_s))
+        canary_value = None if canary in stale else \
+            query(metric_query(trigger.metric, service, canary, window_s, namespace=namespace))
         stable_value = None
         if trigger.comparison == "relative" and stable not in stale:
-            stable_value = query(metric_query(trigger.metric, service, stable, window_s))
+            stable_value = query(metric_query(trigger.metric, service, stable, window_s, namespace=namespace))
         results.append(evaluate(i, trigger, canary_value, stable_value))
     return Judgement(tuple(results), stale)
 

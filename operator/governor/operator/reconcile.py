@@ -440,7 +440,7 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         judgement = None
         if canary_ready and action not in ("abort", "promote") and spec.rollout.rollback_on:
             judgement = judge(spec.rollout.rollback_on, query, spec.model.served_name or name, stable, desired,
-                              scrape_interval_s=scrape_interval_s)
+                              namespace=namespace, scrape_interval_s=scrape_interval_s)
         rollout, moved = advance(rollout, spec.rollout.steps, spec.replicas, action=action, canary_ready=canary_ready,
                                  judgement=judgement, now=now_s)
         transitions += moved

@@ -305,6 +305,9 @@ def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         {"name": contract.ADMIN_TOKEN_ENV,
          "valueFrom": {"secretKeyRef": {"name": admin_secret_name(name), "key": ADMIN_TOKEN_KEY}}},
         {"name": contract.REVISION_ENV, "value": revision},
+        # The namespace scope label of the metrics: another namespace's service of this name and spec has the
+        # same model_name and revision.
+        {"name": contract.NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     env += [{"name": knob_env(knob),
              "valueFrom": {"configMapKeyRef": {"name": config_map_name(name, revision), "key": knob}}}

@@ -7,8 +7,9 @@ spec and status and runs one `ServiceTuning.interval`:
   NoPrometheus) and `GOVERNOR_PROMETHEUS_SCRAPE_INTERVAL_S` (default 15; the PromQL window is the larger of
   the interval and two scrapes).
 - Scope: the stable revision, `status.revision`. Signals are the engines' series with `model_name` = the
-  served model name and `revision` = that revision; knob changes go to the ready pods of that revision
-  (`PodActuator`), with the bearer token from the service's admin Secret, read per change and never kept.
+  served model name, `namespace` = the service's namespace and `revision` = that revision; knob changes go
+  to the ready pods of that revision (`PodActuator`), with the bearer token from the service's admin Secret,
+  read per change and never kept.
 - The loop holds still while a rollout runs (`status.rollout.phase` Progressing or Paused) and starts a new
   `Tuner` when it ends: the windows from before describe another pod mix. A new `Tuner` is also built when
   the stable revision, the SLO, the autotune settings or the bounds change; otherwise the same one runs on
@@ -84,6 +85,7 @@ class TuningConfig:
     """Everything a `Tuner` is built from; a different config means a new `Tuner` (it is the rebuild key)."""
 
     service: str  # the InferenceService's name (decision records, Events)
+    namespace: str  # the InferenceService's namespace: the engines' namespace label
     served_name: str  # the engines' model_name label
     revision: str  # the stable revision
     slo: SLO
@@ -161,12 +163,13 @@ def hold_for(status: Mapping[str, Any], env: Mapping[str, str]) -> TuningState |
     return None
 
 
-def tuning_config(name: str, spec: InferenceServiceSpec, status: Mapping[str, Any],
+def tuning_config(name: str, namespace: str, spec: InferenceServiceSpec, status: Mapping[str, Any],
                   env: Mapping[str, str]) -> TuningConfig:
     """The config of this interval; call only when `hold_for` returned None."""
     bounds = tuner_bounds(spec)
     return TuningConfig(
-        service=name, served_name=spec.model.served_name or name, revision=str(status["revision"]),
+        service=name, namespace=namespace, served_name=spec.model.served_name or name,
+        revision=str(status["revision"]),
         slo=spec.slo.targets(), bounds=tuple((k, lo, hi) for k, (lo, hi) in sorted(bounds.items())),
         interval_s=duration_seconds(spec.autotune.interval), cooldown_s=duration_seconds(spec.autotune.cooldown),
         hysteresis=spec.autotune.hysteresis, prometheus_url=env[PROMETHEUS_URL_ENV],
@@ -174,9 +177,9 @@ def tuning_config(name: str, spec: InferenceServiceSpec, status: Mapping[str, An
 
 
 def prometheus_source(config: TuningConfig) -> SignalSource:
-    """Signals of the service's stable revision from Prometheus."""
+    """Signals of the service's stable revision, in its namespace, from Prometheus."""
     return PrometheusSource(config.prometheus_url, config.served_name, config.revision, window_s=config.window_s,
-                            scrape_interval_s=config.scrape_interval_s)
+                            scrape_interval_s=config.scrape_interval_s, namespace=config.namespace)
 
 
 def build_tuner(config: TuningConfig, source: SignalSource, actuator: Actuator, sink: FanOut) -> Tuner:
@@ -385,7 +388,7 @@ class ServiceTuning:
         if held is not None:
             self._hold(held)
             return self.interval_s
-        config = tuning_config(self.name, parsed, status, env)
+        config = tuning_config(self.name, self.namespace, parsed, status, env)
         if self.tuner is None or config != self.config:
             if self.tuner is not None:
                 log.info("tuner of %s/%s restarts: its settings or stable revision changed", self.namespace,

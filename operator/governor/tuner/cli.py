@@ -75,7 +75,7 @@ def build_tuner(args: argparse.Namespace, sink: RecordSink) -> Tuner:
 
         source = PrometheusSource(args.prometheus, args.service, args.revision,
                                   window_s=window_for(args.interval, args.scrape_interval),
-                                  scrape_interval_s=args.scrape_interval)
+                                  scrape_interval_s=args.scrape_interval, namespace=args.namespace)
     else:
         source = EngineSource(EngineScraper(args.engine, scrape_interval_s=args.interval))
     return Tuner(args.service, args.revision or "", controller, source, EngineActuator(args.engine, token), sink,
@@ -86,6 +86,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", action="append", required=True, help="engine base URL (repeat for every replica)")
     p.add_argument("--service", required=True, help="the service (engines' served model name)")
     p.add_argument("--revision", default=None, help="revision label to scope Prometheus queries to")
+    p.add_argument("--namespace", default=None,
+                   help="namespace label to scope Prometheus queries to (the engines' Kubernetes namespace)")
     p.add_argument("--prometheus", default=None, help="Prometheus URL (default: scrape the engines directly)")
     p.add_argument("--scrape-interval", type=float, default=5.0,
                    help="Prometheus's scrape interval for the engines, seconds (rate windows span ≥ 2 of them)")

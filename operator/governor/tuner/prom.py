@@ -2,8 +2,10 @@
 
 The counterpart of `governor.tuner.scrape.EngineScraper` (which reads the engines' `/metrics` itself) with
 the same meaning for every field. Series are scoped by the engines' scope labels
-(`governor.contract.SCOPE_LABELS`): `model_name` is the service's served model name, and `revision`, when
-given, one rollout revision (left out of the selector, every revision of the service is summed).
+(`governor.contract.SCOPE_LABELS`): `model_name` is the service's served model name, `revision`, when
+given, one rollout revision (left out of the selector, every revision of the service is summed), and
+`namespace`, when given, the service's Kubernetes namespace (the operator always gives it: two services of one
+name and spec in two namespaces share the other two labels).
 
 One observation is a batch of instant queries evaluated at one time `now`, over the window
 `[now - window_s, now]`. A query that returns no series, or NaN (`histogram_quantile` of a window without
@@ -78,12 +80,15 @@ def label_value(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def matchers(service: str, revision: str | None) -> str:
-    """Label matchers scoping a selector to `service` and, unless None, `revision` (no braces)."""
-    model_label, revision_label = contract.SCOPE_LABELS
+def matchers(service: str, revision: str | None, namespace: str | None = None) -> str:
+    """Label matchers scoping a selector to `service` and, each unless None, `revision` and `namespace` (no
+    braces). An empty value matches only series without that label (Prometheus stores no empty label)."""
+    model_label, revision_label, namespace_label = contract.SCOPE_LABELS
     out = f"{model_label}={label_value(service)}"
     if revision is not None:
         out += f", {revision_label}={label_value(revision)}"
+    if namespace is not None:
+        out += f", {namespace_label}={label_value(namespace)}"
     return out
 
 
@@ -201,7 +206,7 @@ def redacted(url: str) -> str:
 
 
 class PrometheusSource:
-    """Observes one service (and optionally one revision) through the Prometheus at `url`.
+    """Observes one service (and optionally one revision, and one namespace) through the Prometheus at `url`.
 
     `window_s` is the length of each observation window; `scrape_interval_s` is Prometheus' scrape interval
     for the engines (what freshness is judged against, see `governor.tuner.signals.is_stale`, and part of the
@@ -210,15 +215,16 @@ class PrometheusSource:
     """
 
     def __init__(self, url: str, service: str, revision: str | None, window_s: float, scrape_interval_s: float,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, *, namespace: str | None = None) -> None:
         if not service:
             raise ValueError("PrometheusSource needs the service's served model name (the model_name label)")
         self.url = url.rstrip("/")
         self.service = service
         self.revision = revision
+        self.namespace = namespace
         self.window_s = window_s
         self.scrape_interval_s = scrape_interval_s
-        self.sel = matchers(service, revision)
+        self.sel = matchers(service, revision, namespace)
         self.window = duration(window_s)
         self._client = connect(self.url, timeout_s)
 
@@ -233,7 +239,8 @@ class PrometheusSource:
         password = urlsplit(self.url).password
         if password:
             message = message.replace(password, "***")
-        log.warning("Prometheus at %s unusable for %s of %s (%s: %s)", redacted(self.url), what, self.service,
+        scope = self.service if self.namespace is None else f"{self.namespace}/{self.service}"
+        log.warning("Prometheus at %s unusable for %s of %s (%s: %s)", redacted(self.url), what, scope,
                     type(error).__name__, message[:300])
 
     def observe(self, now: float | None = None) -> Signals:

@@ -12,13 +12,14 @@ _FINISH_REASONS = ("stop", "length", "abort", "timeout")
 
 
 class EngineMetrics:
-    """Every series carries model_name and revision so the operator can scope queries by service and
-    revision. Counters that mirror engine counters are advanced by delta after each step."""
+    """Every series carries the scope labels (`contract.SCOPE_LABELS`: model_name, revision, namespace) so the
+    operator can scope queries by service and revision. Counters that mirror engine counters are advanced by
+    delta after each step."""
 
-    def __init__(self, model_name: str, revision: str) -> None:
+    def __init__(self, model_name: str, revision: str, namespace: str = "") -> None:
         disable_created_metrics()  # *_created series only add cardinality for our scrapers
         self.registry = CollectorRegistry()
-        self.labels = {"model_name": model_name, "revision": revision}
+        self.labels = dict(zip(c.SCOPE_LABELS, (model_name, revision, namespace), strict=True))
         names = list(self.labels)
         r = self.registry
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,20 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def scope_of(revision: str | None, namespace: str | None, env: Mapping[str, str]) -> tuple[str, str]:
+    """The revision and namespace labels of the metrics: each flag, else its env var (`GOVERNOR_REVISION`,
+    `GOVERNOR_NAMESPACE`, which the operator sets), else "" (a standalone engine)."""
+    return (revision or env.get(contract.REVISION_ENV, ""), namespace or env.get(contract.NAMESPACE_ENV, ""))
+
+
 def serve(config: EngineConfig, host: str, port: int, served_model_name: str | None, admin_token: str | None,
-          max_queue: int, drain_grace_s: float, revision: str | None = None, salt_per_api_key: bool = False) -> int:
+          max_queue: int, drain_grace_s: float, revision: str | None = None, salt_per_api_key: bool = False,
+          namespace: str | None = None) -> int:
     """Open the port at once (so /health answers during a long load), load the model on a thread,
     then mark ready. Returns the process exit code: 0 after a drain, 1 if the model failed to load."""
     name = served_model_name or Path(config.model).name
-    metrics = EngineMetrics(name, revision or os.environ.get(contract.REVISION_ENV, ""))
+    revision_label, namespace_label = scope_of(revision, namespace, os.environ)
+    metrics = EngineMetrics(name, revision_label, namespace_label)
     state = ServerState(metrics, name, config.model, admin_token, salt_per_api_key)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False,
