@@ -248,3 +248,34 @@ def test_a_reconcile_of_a_service_being_deleted_changes_nothing(cluster: Cluster
     handlers._run(kopf.Body(held), kopf.LocalObjectLogger(body=kopf.Body(held), settings=kopf.OperatorSettings()))
     assert children(cluster) == {}
     assert status_of(cluster, "chat") == {}
+
+
+def test_a_name_taken_by_an_object_the_service_does_not_control_is_reported_and_left_alone(
+        cluster: Cluster, operator: Operator) -> None:
+    """A Service named like the InferenceService, made by hand beforehand: the operator neither adopts nor
+    changes it, reports Ready=False / NameConflict naming it, keeps running, and carries on once it is gone."""
+    svc_path = f"/api/v1/namespaces/{NS}/services"
+    theirs = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": NS},
+              "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]}}
+    r = httpx.post(cluster.url + svc_path, json=theirs, timeout=5)
+    assert r.status_code in (200, 201), r.text
+    create_service(cluster, "chat", SPEC)
+
+    def conflict() -> dict[str, Any] | None:
+        ready = next((c for c in status_of(cluster, "chat").get("conditions") or [] if c["type"] == "Ready"), None)
+        return ready if ready is not None and ready["reason"] == "NameConflict" else None
+
+    ready = wait_for(conflict, 60, operator.log, "no NameConflict condition")
+    assert ready["status"] == "False" and "Service/chat" in ready["message"] and "no controller" in ready["message"]
+    assert status_of(cluster, "chat")["phase"] == "Failed"
+    time.sleep(5)  # two more periodic passes: still nothing written to their Service
+    kept = get(cluster, f"{svc_path}/chat")
+    assert kept is not None and kept["spec"]["selector"] == {"app": "theirs"}
+    assert not kept["metadata"].get("ownerReferences")
+    assert operator.proc.poll() is None
+
+    r = httpx.delete(cluster.url + f"{svc_path}/chat", timeout=5)
+    assert r.status_code in (200, 202), r.text
+    wait_for(lambda: ((get(cluster, f"{svc_path}/chat") or {}).get("metadata") or {}).get("ownerReferences"), 30,
+             operator.log, "the operator did not create its own Service once the name was free")
+    wait_for(lambda: conflict() is None, 30, operator.log, "the NameConflict condition stayed")

@@ -374,3 +374,29 @@ def test_speculation_depth_starts_from_the_configmap_like_the_other_knobs() -> N
     assert serve_args(tuned).num_speculative_tokens == 1
     assert objs["Deployment"] == tuned["Deployment"]  # a tuned K changes the ConfigMap only
     assert "--num-speculative-tokens" not in expanded_args(children(spec_of(MINIMAL)))
+
+
+def test_only_objects_the_service_controls_are_applied_over() -> None:
+    """`check_controller` (reconcile.apply_child, ensure_admin_secret): a rendered child may replace only an
+    object its own InferenceService (same uid) controls; another service's, or one without a controller, is a
+    NameConflict naming who holds it."""
+    from governor.operator.reconcile import NameConflict, check_controller
+
+    def ref(name: str, uid: str, controller: bool = True) -> dict[str, Any]:
+        return {"apiVersion": "governor.dev/v1alpha1", "kind": "InferenceService", "name": name, "uid": uid,
+                "controller": controller}
+
+    desired = {"name": "chat-stable", "ownerReferences": [ref("chat", "u-1")]}
+    check_controller("Service", {"metadata": {"ownerReferences": [ref("chat", "u-1")]}}, desired)
+    with pytest.raises(NameConflict, match=r"Service/chat-stable .* controlled by InferenceService/chat-stable;"):
+        check_controller("Service", {"metadata": {"ownerReferences": [ref("chat-stable", "u-2")]}}, desired)
+    with pytest.raises(NameConflict, match=r"no controller"):
+        check_controller("Service", {"metadata": {"ownerReferences": [ref("chat", "u-1", controller=False)]}},
+                         desired)
+    with pytest.raises(NameConflict, match=r"Secret/chat-stable .* no controller .* remove that Secret"):
+        check_controller("Secret", {"metadata": {}}, desired)
+    # The admin token Secret may be the user's own (no controller), never another service's.
+    check_controller("Secret", {"metadata": {}}, desired, uncontrolled_ok=True)
+    with pytest.raises(NameConflict, match=r"controlled by InferenceService/other"):
+        check_controller("Secret", {"metadata": {"ownerReferences": [ref("other", "u-3")]}}, desired,
+                         uncontrolled_ok=True)

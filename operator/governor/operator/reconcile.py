@@ -4,7 +4,9 @@
 corrects drift). It is idempotent: a child whose fields already contain what was rendered is not
 written (`contains`), so re-running it with nothing changed makes no writes. An invalid spec creates
 nothing and is reported as Ready=False, reason InvalidSpec, with a message naming the field. The admin
-token Secret is created once with a random token and never rendered, logged or rewritten.
+token Secret is created once with a random token and never rendered, logged or rewritten. A child whose
+name is taken by an object this service does not control (another service's, or one a user made) is never
+adopted or changed: the pass stops and reports Ready=False, reason NameConflict, naming the object.
 """
 
 from __future__ import annotations
@@ -124,8 +126,31 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return dict(client.ApiClient().sanitize_for_serialization(obj))
 
 
+class NameConflict(Exception):
+    """A child's name is taken by an object the InferenceService does not control; the message says which."""
+
+
+def _controller(meta: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+
+
+def check_controller(kind: str, existing: Mapping[str, Any], desired_meta: Mapping[str, Any], *,
+                     uncontrolled_ok: bool = False) -> None:
+    """Raise NameConflict unless `existing` is controlled by the owner `desired_meta` names (by uid), or has no
+    controller at all and `uncontrolled_ok`. Objects are never adopted: not another service's, not (unless
+    `uncontrolled_ok`) one a user created by hand."""
+    want = _controller(desired_meta)
+    have = _controller(existing.get("metadata") or {})
+    if want is None or (have is None and uncontrolled_ok) or (have is not None and have.get("uid") == want.get("uid")):
+        return
+    by = f"{have.get('kind')}/{have.get('name')}" if have is not None else "no controller (made outside Governor)"
+    raise NameConflict(f"{kind}/{desired_meta['name']} already exists and is controlled by {by}; it is left as it "
+                       f"is. Rename this InferenceService or remove that {kind}.")
+
+
 def apply_child(desired: dict[str, Any]) -> str | None:
-    """Create `desired` if missing, patch it if it drifted from what was rendered; None when untouched."""
+    """Create `desired` if missing, patch it if it drifted from what was rendered; None when untouched.
+    NameConflict when an object of that name exists that `desired`'s controller does not control."""
     kind, meta = desired["kind"], desired["metadata"]
     read, create, patch = _ops(kind)
     try:
@@ -135,6 +160,7 @@ def apply_child(desired: dict[str, Any]) -> str | None:
             raise
         create(meta["namespace"], desired)
         return f"created {kind}/{meta['name']}"
+    check_controller(kind, existing, meta)
     wanted = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
     if contains(existing, wanted):
         return None
@@ -143,15 +169,21 @@ def apply_child(desired: dict[str, Any]) -> str | None:
 
 
 def ensure_admin_secret(name: str, namespace: str, uid: str) -> str | None:
-    """Create the admin token Secret once (random token); an existing one is never read out or rewritten."""
+    """Create the admin token Secret once (random token); an existing one is never read out or rewritten. One
+    that exists without a controller (made beforehand by the user) is used as the token; one controlled by
+    another object is a NameConflict."""
     body = admin_secret(name, namespace, uid, secrets.token_urlsafe(32))
     read, create, _ = _ops("Secret")
     try:
-        read(body["metadata"]["name"], namespace)
-        return None
+        existing = _as_dict(read(body["metadata"]["name"], namespace))
     except ApiException as e:
         if e.status != 404:
             raise
+    else:
+        # One made beforehand without a controller is the user's own token (used as it is); another service's
+        # is not this one's.
+        check_controller("Secret", existing, body["metadata"], uncontrolled_ok=True)
+        return None
     create(namespace, body)
     return f"created Secret/{body['metadata']['name']}"
 
@@ -338,7 +370,28 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
 
     `query` answers the rollout's PromQL (`analysis.PrometheusQuery`, or `no_prometheus`), whose scrape interval
     is `scrape_interval_s` (trigger windows span at least two scrapes); `annotations` may hold a rollout
-    action, which the caller removes when `Outcome.consumed_action` is set."""
+    action, which the caller removes when `Outcome.consumed_action` is set. A NameConflict stops the pass
+    (children applied before it stay) and is reported in status; the rest of the status is kept as it was, and
+    a rollout action is left for the pass that can act on it."""
+    try:
+        return _reconcile(name, namespace, uid, generation, raw_spec, status, annotations, pod_monitor=pod_monitor,
+                          query=query, scrape_interval_s=scrape_interval_s, now=now)
+    except NameConflict as e:
+        stamp_now = stamp(time.time() if now is None else now)
+        message = str(e)
+        old_ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        conditions = set_condition(list(status.get("conditions") or []), "Ready", "False", "NameConflict", message,
+                                   generation, stamp_now)
+        conditions = set_condition(conditions, "Progressing", "False", "NameConflict",
+                                   "waiting for the name conflict to be resolved", generation, stamp_now)
+        changed = old_ready.get("reason") != "NameConflict" or old_ready.get("message") != message
+        return Outcome({**status, "observedGeneration": generation, "phase": "Failed", "conditions": conditions},
+                       [("NameConflict", message, "Warning")] if changed else [])
+
+
+def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: Any, status: Mapping[str, Any],
+               annotations: Mapping[str, Any] | None = None, *, pod_monitor: bool, query: Query = no_prometheus,
+               scrape_interval_s: float = 0.0, now: float | None = None) -> Outcome:
     now_s = time.time() if now is None else now
     stamp_now = stamp(now_s)
     conditions = list(status.get("conditions") or [])
