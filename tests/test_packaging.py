@@ -148,8 +148,18 @@ def test_operator_runs_standalone_so_needs_no_peering_rbac() -> None:
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert {e["name"] for e in container["env"]} == {"GOVERNOR_PROMETHEUS_URL", "GOVERNOR_PROMETHEUS_SCRAPE_INTERVAL_S",
-                                                     "GOVERNOR_RECONCILE_INTERVAL_S", "GOVERNOR_LOG_LEVEL"}
+                                                     "GOVERNOR_RECONCILE_INTERVAL_S", "GOVERNOR_LOG_LEVEL",
+                                                     "GOVERNOR_POD_MONITOR"}
     assert not any("kopf.dev" in g for rule in _cluster_role()["rules"] for g in rule["apiGroups"])
+
+
+def test_the_chart_s_pod_monitor_turns_off_the_operator_s_per_service_ones() -> None:
+    """One PodMonitor per engine: two would scrape each engine twice and double every summed signal."""
+    from governor.operator import handlers
+
+    text = (TEMPLATES / "deployment.yaml").read_text()
+    assert 'value: {{ ternary "false" "auto" .Values.podMonitor.enabled | quote }}' in text
+    assert 'os.environ.get("GOVERNOR_POD_MONITOR", "auto")' in Path(handlers.__file__).read_text()
 
 
 def test_operator_watches_all_namespaces_or_each_listed_one() -> None:
