@@ -166,6 +166,13 @@ def test_updates_follow_and_drift_is_corrected_and_a_restart_writes_nothing(clus
     wait_for(lambda: (get(cluster, path) or {}).get("spec", {}).get("replicas") == 3, 30, operator.log,
              "manual drift was not corrected")
 
+    # Settled: the periodic passes (every 2 s) write nothing, not even an unchanged status.
+    service_path = f"{IS_PATH}/chat"
+    time.sleep(3)
+    settled = (get(cluster, service_path) or {})["metadata"]["resourceVersion"]
+    time.sleep(5)
+    assert (get(cluster, service_path) or {})["metadata"]["resourceVersion"] == settled
+
     operator.stop()
     before = {k: v["metadata"]["resourceVersion"] for k, v in children(cluster).items()}
     again = Operator(cluster, tmp_path / "operator-again.log")

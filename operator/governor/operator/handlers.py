@@ -17,7 +17,7 @@ import kubernetes
 
 from governor.operator.analysis import PrometheusQuery, Query, no_prometheus
 from governor.operator.api import GROUP, PLURAL, VERSION
-from governor.operator.reconcile import delete_children, reconcile
+from governor.operator.reconcile import contains, delete_children, reconcile
 from governor.operator.rollout import ACTION_ANNOTATION
 from governor.operator.tuning import DEFAULT_SCRAPE_INTERVAL_S, SCRAPE_INTERVAL_ENV, run_tuner
 
@@ -89,8 +89,12 @@ def _run(body: kopf.Body, logger: kopf.Logger) -> None:
                             current.get("status") or {}, cmeta.get("annotations") or {},
                             pod_monitor=_pod_monitor_available(namespace), query=_query(),
                             scrape_interval_s=_scrape_interval_s())
-        api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                  {"status": outcome.status})
+        if not contains(current.get("status") or {}, outcome.status):
+            # Only a changed status is written: a periodic pass over a settled service makes no write at all (each
+            # write is a new resourceVersion, a watch event for every watcher, and a conflict for a concurrent
+            # writer that tests the old resourceVersion, as kopf's own patches do).
+            api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                      {"status": outcome.status})
         if outcome.consumed_action:  # one-shot: the rollout's state in status remembers what it did
             api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                {"metadata": {"annotations": {ACTION_ANNOTATION: None}}})
