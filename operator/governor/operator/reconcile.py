@@ -377,16 +377,21 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
         return _reconcile(name, namespace, uid, generation, raw_spec, status, annotations, pod_monitor=pod_monitor,
                           query=query, scrape_interval_s=scrape_interval_s, now=now)
     except NameConflict as e:
-        stamp_now = stamp(time.time() if now is None else now)
-        message = str(e)
-        old_ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
-        conditions = set_condition(list(status.get("conditions") or []), "Ready", "False", "NameConflict", message,
-                                   generation, stamp_now)
-        conditions = set_condition(conditions, "Progressing", "False", "NameConflict",
-                                   "waiting for the name conflict to be resolved", generation, stamp_now)
-        changed = old_ready.get("reason") != "NameConflict" or old_ready.get("message") != message
-        return Outcome({**status, "observedGeneration": generation, "phase": "Failed", "conditions": conditions},
-                       [("NameConflict", message, "Warning")] if changed else [])
+        return _failed(status, generation, stamp(time.time() if now is None else now), "NameConflict", str(e),
+                       "waiting for the name conflict to be resolved", keep=status)
+
+
+def _failed(status: Mapping[str, Any], generation: int, stamp_now: str, reason: str, message: str,
+            progressing: str, keep: Mapping[str, Any] | None = None, consumed_action: bool = False) -> Outcome:
+    """Phase Failed with Ready and Progressing False for `reason`; a Warning Event only when Ready's reason or
+    message changes. `keep` holds the status fields to carry over (none: the status is only this)."""
+    conditions = set_condition(list(status.get("conditions") or []), "Ready", "False", reason, message, generation,
+                               stamp_now)
+    conditions = set_condition(conditions, "Progressing", "False", reason, progressing, generation, stamp_now)
+    old_ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    changed = old_ready.get("reason") != reason or old_ready.get("message") != message
+    return Outcome({**(keep or {}), "observedGeneration": generation, "phase": "Failed", "conditions": conditions},
+                   [(reason, message, "Warning")] if changed else [], consumed_action=consumed_action)
 
 
 def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: Any, status: Mapping[str, Any],
@@ -400,13 +405,8 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
     parsed = parse_spec(raw_spec)
     if not isinstance(parsed, InferenceServiceSpec):
         message = "; ".join(f"{e.path}: {e.message}" for e in parsed)[:1000]
-        conditions = set_condition(conditions, "Ready", "False", "InvalidSpec", message, generation, stamp_now)
-        conditions = set_condition(conditions, "Progressing", "False", "InvalidSpec", "nothing is created from "
-                                   "an invalid spec", generation, stamp_now)
-        old_ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
-        changed = status.get("phase") != "Failed" or old_ready.get("message") != message
-        return Outcome({"observedGeneration": generation, "phase": "Failed", "conditions": conditions},
-                       [("InvalidSpec", message, "Warning")] if changed else [], consumed_action=consumed)
+        return _failed(status, generation, stamp_now, "InvalidSpec", message, "nothing is created from an invalid "
+                       "spec", consumed_action=consumed)
 
     spec = parsed
     desired = revision_hash(spec)
