@@ -31,9 +31,12 @@ def test_kv_bytes_counts_k_and_v_once_per_token_and_head() -> None:
 
 def test_reported_split_count_is_the_kernels() -> None:
     cpu = torch.device("cpu")
-    # Auto on a 132-SM part: 4 * 132 programs wanted over 32 * 8 (seq, kv head) pairs -> 3 splits,
-    # partitions of ceil(4096 / 3) rounded up to 64-token tiles = 1408 -> 3 partitions.
-    assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128), cpu) == 3
+    # Auto on a 132-SM part: 3 * 132 programs wanted over 32 * 8 (seq, kv head) pairs -> 2 splits of 2048 tokens;
+    # over 16 * 8 pairs -> 4 splits of 1024.
+    assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128), cpu) == 2
+    assert ba.effective_num_splits(ba.AttentionCase(16, 4096, 32, 8, 128), cpu) == 4
+    # An fp8 cache targets 4 programs per SM: 3 splits (1408-token partitions) at batch 32.
+    assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128, kv_dtype="fp8"), cpu) == 3
     assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128, num_splits=1), cpu) == 1
     # 100 tokens in blocks of 16 -> a 112-token table; 4 splits of 28 round up to 64-token partitions -> 2.
     assert ba.effective_num_splits(ba.AttentionCase(1, 100, 4, 2, 16, num_splits=4), cpu) == 2

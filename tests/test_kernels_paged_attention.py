@@ -318,6 +318,15 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     _decode_against_ref(case, 2, None)
 
 
+def test_decode_register_cap_applies_to_unsplit_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa, "INTERPRET", False)
+    assert pa._decode_launch_options(fp8=True, split=False) == {"maxnreg": pa._DECODE_MAXNREG_FP8}
+    assert pa._decode_launch_options(fp8=True, split=True) == {}
+    assert pa._decode_launch_options(fp8=False, split=False) == {}
+    monkeypatch.setattr(pa, "INTERPRET", True)  # the interpreter takes no register cap
+    assert pa._decode_launch_options(fp8=True, split=False) == {}
+
+
 @needs_triton
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_decode_of_an_empty_sequence_is_zero(num_splits: int) -> None:

@@ -98,7 +98,8 @@ def effective_num_splits(case: AttentionCase, device: torch.device) -> int:
     from governor.kernels.paged_attention import decode_num_splits
 
     bound = -(-case.context // case.block_size) * case.block_size  # block-table capacity, as the kernel sizes it
-    return decode_num_splits(case.batch * case.num_kv_heads, bound, device, case.num_splits)
+    fp8 = KV_DTYPES[case.kv_dtype] == torch.float8_e4m3fn
+    return decode_num_splits(case.batch * case.num_kv_heads, bound, device, case.num_splits, fp8)
 
 
 def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:

@@ -56,6 +56,13 @@ _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are 
 # issue 9), against 64 keys: batch 256 at 1K context 66% -> 79% of HBM copy bandwidth, batch 32 at 4K
 # 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat 8 on every fp8 shape measured.
 _DECODE_TILE_N_FP8 = 128
+# Registers per thread of an unsplit decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's
+# choice). It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128 (4 per SM, ptxas
+# spills 8 bytes) it ran 5% faster on an H200 at batch 256 (612 and 1,024 tokens, one split), and 2-10% slower on
+# split batches (32 at 4K and 32K, 16 at 8K), so split launches keep the compiler's choice (docs/benchmarks.md,
+# issue 9, sixth pass). The 16-bit program (122 registers) has no cap: 96 spilled and lost 20%.
+_DECODE_MAXNREG_FP8: int | None = 128
+_DECODE_MAXNREG_16: int | None = None
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
@@ -64,7 +71,12 @@ _MIN_DOT = 16
 # (smaller ones cost more in the reduce than they gain); a shorter sequence's own partitions are smaller.
 _SPLIT_MIN_PARTITION = 512
 _SPLIT_MAX = 64
-_PROGRAMS_PER_SM = 4
+# Target programs per SM, over a 16-bit cache and over an fp8 one. For 16-bit, 3 instead of 4 splits batch 32 x 8
+# kv heads two ways (512 programs, one wave of 4 per SM) instead of three (768): on an H200, 78% -> 90% of the copy
+# bandwidth at 4K, 89% -> 104% at 32K, batch 16 at 8K 69% -> 90%. The fp8 program (3 per SM) lost with fewer
+# splits (batch 32 at 32K 71% -> 62%, at 4K 60% -> 54%), so it keeps 4 (docs/benchmarks.md, issue 9, sixth pass).
+_PROGRAMS_PER_SM = 3
+_PROGRAMS_PER_SM_FP8 = 4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -747,14 +759,15 @@ def _partition_size(seq_len, num_splits, TILE_ALIGN: tl.constexpr):
     return tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_ALIGN), 1) * TILE_ALIGN
 
 
-def decode_num_splits(programs: int, context_bound: int, device: torch.device, num_splits: int | None = None) -> int:
+def decode_num_splits(programs: int, context_bound: int, device: torch.device, num_splits: int | None = None,
+                      fp8: bool = False) -> int:
     """The split-KV partitions the decode kernel runs for `programs` (sequence, KV head) pairs over contexts of
     at most `context_bound` tokens: `num_splits` (default: the automatic choice), less any split that would
     be empty for a `context_bound`-token sequence once partitions are whole _TILE_N tiles. Each sequence's
     partitions are sized from its own length (`_partition_size`), so a shorter one spreads over every split
-    in smaller partitions."""
+    in smaller partitions. `fp8`: the cache is fp8 (its program has its own target per SM)."""
     if num_splits is None:
-        num_splits = _choose_num_splits(programs, context_bound, device)
+        num_splits = _choose_num_splits(programs, context_bound, device, fp8)
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
     partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
@@ -801,7 +814,8 @@ def paged_decode_attention(
     block_size = k_cache.shape[1]
     context_bound = block_tables.shape[1] * block_size if max_seq_len is None else max_seq_len
     context_bound = max(context_bound, 1)
-    num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits)
+    fp8 = k_cache.dtype == FP8_KV_DTYPE
+    num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits, fp8)
     split = num_splits > 1
 
     if split:
@@ -813,7 +827,6 @@ def paged_decode_attention(
         # Never dereferenced when SPLIT is off; the kernel still needs pointers.
         part_acc = part_m = part_l = out
 
-    fp8 = k_cache.dtype == FP8_KV_DTYPE
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
         k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
@@ -832,6 +845,7 @@ def paged_decode_attention(
         FP16_PRODUCTS=fp8 and q.dtype == torch.bfloat16,
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
+        **_decode_launch_options(fp8, split),
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -844,11 +858,16 @@ def paged_decode_attention(
     return out
 
 
-def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device) -> int:
+def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
+    maxnreg = (None if split else _DECODE_MAXNREG_FP8) if fp8 else _DECODE_MAXNREG_16
+    return {"maxnreg": maxnreg} if maxnreg and not INTERPRET else {}
+
+
+def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device, fp8: bool = False) -> int:
     """Split until the (seq, kv head, split) grid fills the GPU, keeping a context_bound-long sequence's
     partitions >= _SPLIT_MIN_PARTITION tokens."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    wanted = -(-(_PROGRAMS_PER_SM * sm_count) // num_programs)
+    wanted = -(-((_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * sm_count) // num_programs)
     by_length = context_bound // _SPLIT_MIN_PARTITION
     return max(1, min(wanted, by_length, _SPLIT_MAX))
 

@@ -1,0 +1,95 @@
+"""A/B of decode attention launch settings, alternated in one process (issue 9).
+
+    python3 scripts/decode-attention-ab.py OUT_JSON [--rounds 2] [--iters 50] [--groups fp8,bf16]
+
+Each variant sets module attributes of governor.kernels.paged_attention (register cap, split heuristic) before the
+calls and the defaults are restored after. Cases: the attention target (batch 32, 4K and 32K, 32:8 heads),
+the throughput workload's shape (batch 256, 612 and 1,024 tokens, 16:8 heads) and a few other split counts (batch 1
+at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128, bf16 q, random
+block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench_attention.py: L2 flushed
+before each call, CUDA events, median; fraction of a device copy measured in the same process). Each variant's
+output is compared with the group's first variant on the same inputs (max abs difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import time
+from typing import Any
+
+import torch
+
+import governor.kernels.paged_attention as pa
+from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, time_call
+from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
+from governor.engine.bench_throughput import hardware
+
+GROUPS: dict[str, dict[str, dict[str, Any]]] = {
+    "fp8": {  # the register cap applies to unsplit launches only
+        "before": {"_DECODE_MAXNREG_FP8": None, "_PROGRAMS_PER_SM_FP8": 4},
+        "r128": {"_DECODE_MAXNREG_FP8": 128, "_PROGRAMS_PER_SM_FP8": 4},
+        "pps3-r128": {"_DECODE_MAXNREG_FP8": 128, "_PROGRAMS_PER_SM_FP8": 3},
+    },
+    "bf16": {
+        "before": {"_DECODE_MAXNREG_16": None, "_PROGRAMS_PER_SM": 4},
+        "pps3": {"_DECODE_MAXNREG_16": None, "_PROGRAMS_PER_SM": 3},
+    },
+}
+SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),
+          (8, 4096, 32, 8), (16, 8192, 32, 8)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_json")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--groups", default="fp8,bf16")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    hbm = hbm_bandwidth_gb_per_s()
+    defaults = {name: getattr(pa, name) for group in GROUPS.values() for v in group.values() for name in v}
+    rows: list[dict[str, Any]] = []
+    result = {"hardware": hardware(), "hbm_copy_gb_per_s": hbm, "rows": rows, "defaults": defaults,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for group in args.groups.split(","):
+        variants = GROUPS[group]
+        for batch, context, hq, hkv in SHAPES:
+            case = AttentionCase(batch, context, hq, hkv, 128, group)
+            x = _inputs(case, torch.bfloat16, device, seed=0)
+            scale = 1 / math.sqrt(case.head_dim)
+            first: torch.Tensor | None = None
+            for rnd in range(args.rounds):
+                for name, settings in variants.items():
+                    for attr, value in {**defaults, **settings}.items():
+                        setattr(pa, attr, value)
+                    out = torch.empty_like(x["q"])
+                    call = functools.partial(
+                        pa.paged_decode_attention, x["q"], x["k_cache"], x["v_cache"], x["block_tables"],
+                        x["seq_lens"], scale, out, k_scale=x["k_scale"], v_scale=x["v_scale"])
+                    times = sorted(time_call(call, device, 5, args.iters))
+                    ms = times[len(times) // 2]
+                    first = out if first is None else first
+                    gbs = kv_bytes(case) / (ms * 1e-3) / 1e9
+                    row = {"kv": group, "case": f"b{batch} ctx{context} {hq}:{hkv}", "variant": name, "round": rnd,
+                           "splits": pa.decode_num_splits(batch * hkv, context, device, fp8=group == "fp8"),
+                           "us_p50": 1e3 * ms, "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
+                           "kv_gb_per_s": gbs, "fraction_of_hbm": gbs / hbm,
+                           "max_abs_diff_vs_first": float((out.float() - first.float()).abs().max())}
+                    rows.append(row)
+                    print(f"{group} {row['case']:>24} {name:>15} r{rnd} splits={row['splits']} "
+                          f"p50 {row['us_p50']:8.1f} min {row['us_min']:8.1f} max {row['us_max']:8.1f} us "
+                          f"{100 * row['fraction_of_hbm']:5.1f}% diff {row['max_abs_diff_vs_first']:.2e}", flush=True)
+                    with open(args.out_json, "w") as f:
+                        json.dump(result, f, indent=2)
+            x.clear()
+            torch.cuda.empty_cache()
+    for attr, value in defaults.items():
+        setattr(pa, attr, value)
+
+
+if __name__ == "__main__":
+    main()
