@@ -1,0 +1,128 @@
+"""The decode attention kernel's machine code for sm_90 without a GPU: registers, spills, shared memory and the
+instruction mix of its main loop (issue 9).
+
+    python3 scripts/decode-sass.py [--kv-dtype fp8|bf16] [--tile N] [--group G] [--head-dim D] [--block-size B]
+                                   [--num-warps W] [--num-stages S] [--maxnreg R] [--split/--no-split] [--top 25]
+
+Compiles `_decode_kernel` with Triton for sm_90a (the pointer and stride arguments marked 16-divisible, as Triton's
+launcher specializes them at run time), runs the ptxas and nvdisasm that ship with Triton, and prints the registers,
+spill bytes and shared memory of the compiled kernel and a histogram of the SASS instructions in its longest loop
+(the loop over K/V tiles): per-tile instruction counts per warp. Needs no CUDA device; the numbers are the compiler's,
+not a measurement of time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import governor.kernels.paged_attention as pa
+
+_NOT_DIVISIBLE = {"qk_scale", "num_splits"}
+
+
+def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
+    fn = pa._decode_kernel
+    fp8 = args.kv_dtype == "fp8"
+    kv = "fp8e4nv" if fp8 else args.kv_dtype
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{kv}", "v_cache_ptr": f"*{kv}", "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+           "part_l_ptr": "*fp32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}
+    for name in fn.arg_names:
+        sig.setdefault(name, "i32")
+    group_pad = max(pa._MIN_DOT, triton.next_power_of_2(args.group))
+    constants = {"GROUP": args.group, "GROUP_PAD": group_pad, "BLOCK_SIZE": args.block_size, "TILE_N": args.tile,
+                 "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": pa._TILE_N, "KV_FP8": fp8,
+                 "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False}
+    for name in constants:
+        sig[name] = "constexpr"
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t not in ("constexpr", "fp32") and n not in _NOT_DIVISIBLE}
+    src = ASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in constants.items()}, attrs)
+    options = {"num_warps": args.num_warps, "num_stages": args.num_stages}
+    if args.maxnreg:
+        options["maxnreg"] = args.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _tool(name: str) -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def ptxas_usage(ptx: str, maxnreg: int | None) -> tuple[int, int, int]:
+    """(registers, spill store bytes, spill load bytes) as ptxas reports them for sm_90a."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        cap = ["--maxrregcount", str(maxnreg)] if maxnreg else []
+        log = subprocess.run([_tool("ptxas"), "-v", "--gpu-name=sm_90a", *cap, path, "-o", path + ".o"],
+                             capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if regs is None or spill is None:
+        raise RuntimeError(f"unexpected ptxas output:\n{log}")
+    return int(regs.group(1)), int(spill.group(1)), int(spill.group(2))
+
+
+def loop_histogram(cubin: bytes) -> collections.Counter[str]:
+    """Opcode counts between the label and the backward branch of the longest loop in the SASS."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        lines = subprocess.run([_tool("nvdisasm"), "-c", path], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line.strip()))}
+    loop = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > loop[1] - loop[0]:
+            loop = (labels[m.group(1)], i)
+    ops: collections.Counter[str] = collections.Counter()
+    for line in lines[loop[0]:loop[1] + 1]:
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)", line)
+        if m:
+            ops[m.group(2)] += 1
+    return ops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kv-dtype", default="fp8", choices=["fp8", "bf16", "fp16"])
+    ap.add_argument("--tile", type=int, help="keys per loop step (default: the kernel's for the dtype)")
+    ap.add_argument("--group", type=int, default=4, help="query heads per kv head")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-warps", type=int, default=4)
+    ap.add_argument("--num-stages", type=int, default=3)
+    ap.add_argument("--maxnreg", type=int)
+    ap.add_argument("--split", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    if args.tile is None:
+        args.tile = pa._DECODE_TILE_N_FP8 if args.kv_dtype == "fp8" else pa._TILE_N
+    kernel = compile_decode(args)
+    regs, spill_st, spill_ld = ptxas_usage(kernel.asm["ptx"], args.maxnreg)
+    ops = loop_histogram(kernel.asm["cubin"])
+    total = sum(ops.values())
+    tile_bytes = 2 * args.tile * args.head_dim * (1 if args.kv_dtype == "fp8" else 2)
+    print(f"{args.kv_dtype} tile {args.tile} group {args.group} warps {args.num_warps} stages {args.num_stages} "
+          f"maxnreg {args.maxnreg}: {regs} registers, spills {spill_st}/{spill_ld} bytes (store/load), "
+          f"{kernel.metadata.shared} bytes shared")
+    print(f"loop: {total} instructions per warp per tile ({tile_bytes} K/V bytes), "
+          f"{tile_bytes / (total * args.num_warps):.1f} bytes per warp instruction")
+    for op, n in ops.most_common(args.top):
+        print(f"  {n:5d}  {op}")
+
+
+if __name__ == "__main__":
+    main()
