@@ -60,7 +60,7 @@ _DECODE_TILE_N_FP8 = 128
 # choice). It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128 (4 per SM, ptxas
 # spills 8 bytes) it ran 5% faster on an H200 at batch 256 (612 and 1,024 tokens, one split), and 2-10% slower on
 # split batches (32 at 4K and 32K, 16 at 8K), so split launches keep the compiler's choice (docs/benchmarks.md,
-# issue 9, sixth pass). The 16-bit program (122 registers) has no cap: 96 spilled and lost 20%.
+# issue 9, sixth pass). The 16-bit program (122 registers) has no cap: 96 spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
 _DECODE_MAXNREG_16: int | None = None
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
