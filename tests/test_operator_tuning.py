@@ -228,6 +228,22 @@ def test_an_unchanged_status_found_at_start_is_not_rewritten() -> None:
     assert again.writes == []
 
 
+def test_a_knob_the_tuner_no_longer_reports_is_removed_from_status() -> None:
+    first = Loop([queueing()] * 2)
+    first.run(1)
+    previous = copy.deepcopy(first.doc)
+    previous["knobs"]["retired_knob"] = 7  # e.g. written by an older operator
+    previous["baseline"]["retired_knob"] = 7
+    again = Loop([queueing()] * 2, previous=previous)
+    again.run(1)
+    (_, patch), = again.writes
+    assert patch["knobs"] == {**first.doc["knobs"], "retired_knob": None}  # null deletes it in a merge patch
+    assert patch["baseline"] == {**first.doc["baseline"], "retired_knob": None}
+    assert again.tuning.written is not None and "retired_knob" not in again.tuning.written["knobs"]
+    again.run(1)
+    assert len(again.writes) == 1  # the next interval writes nothing: its status is what was meant
+
+
 # --- the operator against the emulator ----------------------------------------------------------------
 
 TOKEN = "operator-tuning-secret"

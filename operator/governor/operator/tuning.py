@@ -422,8 +422,20 @@ class ServiceTuning:
             old = (self.written or {}).get("state")
             if not isinstance(old, Mapping) or old.get("reason") != state.reason:
                 log.info("tuner of %s/%s: %s (%s)", self.namespace, self.name, state.reason, state.message)
-            self.write_status(doc)
+            self.write_status(replacing_patch(self.written, doc))
             self.written = doc
+
+
+def replacing_patch(written: Mapping[str, Any] | None, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` as a merge patch over `written` that replaces its knob maps whole: a key of `written`'s knobs or
+    baseline that `doc`'s lacks is set to null (a merge patch otherwise keeps it, and new pods would start from
+    a knob value the tuner no longer reports)."""
+    patch = dict(doc)
+    for part in ("knobs", "baseline"):
+        before, after = (written or {}).get(part), doc.get(part)
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            patch[part] = {**dict.fromkeys(k for k in before if k not in after), **after}
+    return patch
 
 
 def write_tuning_status(name: str, namespace: str, doc: dict[str, Any]) -> None:
