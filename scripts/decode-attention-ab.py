@@ -2,13 +2,13 @@
 
     python3 scripts/decode-attention-ab.py OUT_JSON [--rounds 2] [--iters 50] [--groups fp8,bf16]
 
-Each variant sets module attributes of governor.kernels.paged_attention (register cap, split heuristic) before the
-calls and the defaults are restored after. Cases: the attention target (batch 32, 4K and 32K, 32:8 heads),
-the throughput workload's shape (batch 256, 612 and 1,024 tokens, 16:8 heads) and a few other split counts (batch 1
-at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128, bf16 q, random
-block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench_attention.py: L2 flushed
-before each call, CUDA events, median; fraction of a device copy measured in the same process). Each variant's
-output is compared with the group's first variant on the same inputs (max abs difference).
+Each variant sets module attributes of governor.kernels.paged_attention (register cap, offset width, split
+heuristic) before the calls and the defaults are restored after; a variant that sets nothing is the code as it is.
+Cases: the attention target (batch 32, 4K and 32K, 32:8 heads), the throughput workload's shape (batch 256, 612 and
+1,024 tokens, 16:8 heads) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
+bf16 q, random block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench_attention.py:
+L2 flushed before each call, CUDA events, median; fraction of a device copy measured in the same process). Each
+variant's output is compared with the group's first variant on the same inputs (max abs difference).
 """
 
 from __future__ import annotations
@@ -27,15 +27,21 @@ from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, ti
 from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench_throughput import hardware
 
+
+def _always_int64(*caches: torch.Tensor) -> bool:
+    return True
+
+
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
-    "fp8": {  # the register cap applies to unsplit launches only
-        "before": {"_DECODE_MAXNREG_FP8": None, "_PROGRAMS_PER_SM_FP8": 4},
-        "r128": {"_DECODE_MAXNREG_FP8": 128, "_PROGRAMS_PER_SM_FP8": 4},
-        "pps3-r128": {"_DECODE_MAXNREG_FP8": 128, "_PROGRAMS_PER_SM_FP8": 3},
+    "fp8": {
+        "int64": {"_needs_int64_offsets": _always_int64},  # the kernel before int32 offsets
+        "int32": {},
+        "int32-r128-unsplit-only": {"_DECODE_MAXNREG_FP8": 128},
+        "int32-nocap": {"_DECODE_MAXNREG_FP8": None},
     },
     "bf16": {
-        "before": {"_DECODE_MAXNREG_16": None, "_PROGRAMS_PER_SM": 4},
-        "pps3": {"_DECODE_MAXNREG_16": None, "_PROGRAMS_PER_SM": 3},
+        "int64": {"_needs_int64_offsets": _always_int64},
+        "int32": {},
     },
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),
@@ -53,7 +59,8 @@ def main() -> None:
     hbm = hbm_bandwidth_gb_per_s()
     defaults = {name: getattr(pa, name) for group in GROUPS.values() for v in group.values() for name in v}
     rows: list[dict[str, Any]] = []
-    result = {"hardware": hardware(), "hbm_copy_gb_per_s": hbm, "rows": rows, "defaults": defaults,
+    result = {"hardware": hardware(), "hbm_copy_gb_per_s": hbm, "rows": rows,
+              "defaults": {k: repr(v) for k, v in defaults.items()},
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for group in args.groups.split(","):
         variants = GROUPS[group]

@@ -2,7 +2,8 @@
 instruction mix of its main loop (issue 9).
 
     python3 scripts/decode-sass.py [--kv-dtype fp8|bf16] [--tile N] [--group G] [--head-dim D] [--block-size B]
-                                   [--num-warps W] [--num-stages S] [--maxnreg R] [--split/--no-split] [--top 25]
+                                   [--num-warps W] [--num-stages S] [--maxnreg R] [--offsets-64]
+                                   [--split/--no-split] [--top 25]
 
 Compiles `_decode_kernel` with Triton for sm_90a (the pointer and stride arguments marked 16-divisible, as Triton's
 launcher specializes them at run time), runs the ptxas and nvdisasm that ship with Triton, and prints the registers,
@@ -41,7 +42,7 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
     group_pad = max(pa._MIN_DOT, triton.next_power_of_2(args.group))
     constants = {"GROUP": args.group, "GROUP_PAD": group_pad, "BLOCK_SIZE": args.block_size, "TILE_N": args.tile,
                  "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": pa._TILE_N, "KV_FP8": fp8,
-                 "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False}
+                 "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False, "OFFSETS_64": args.offsets_64}
     for name in constants:
         sig[name] = "constexpr"
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
@@ -105,6 +106,7 @@ def main() -> None:
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=3)
     ap.add_argument("--maxnreg", type=int)
+    ap.add_argument("--offsets-64", action="store_true", help="int64 cache offsets (a cache of 2^31+ elements)")
     ap.add_argument("--split", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -116,7 +118,8 @@ def main() -> None:
     total = sum(ops.values())
     tile_bytes = 2 * args.tile * args.head_dim * (1 if args.kv_dtype == "fp8" else 2)
     print(f"{args.kv_dtype} tile {args.tile} group {args.group} warps {args.num_warps} stages {args.num_stages} "
-          f"maxnreg {args.maxnreg}: {regs} registers, spills {spill_st}/{spill_ld} bytes (store/load), "
+          f"maxnreg {args.maxnreg}{' int64 offsets' if args.offsets_64 else ''}: {regs} registers, "
+          f"spills {spill_st}/{spill_ld} bytes (store/load), "
           f"{kernel.metadata.shared} bytes shared")
     print(f"loop: {total} instructions per warp per tile ({tile_bytes} K/V bytes), "
           f"{tile_bytes / (total * args.num_warps):.1f} bytes per warp instruction")

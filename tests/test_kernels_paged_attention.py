@@ -318,6 +318,28 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     _decode_against_ref(case, 2, None)
 
 
+def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -> None:
+    def cache(num_blocks: int, dtype: torch.dtype = FP8) -> torch.Tensor:
+        return torch.empty(num_blocks, 16, 8, 128, dtype=dtype, device="meta")  # 16,384 elements a block
+
+    assert not pa._needs_int64_offsets(cache(2**17))  # last offset 2^31 - 1
+    assert pa._needs_int64_offsets(cache(2**17 + 1))
+    assert pa._needs_int64_offsets(cache(16), cache(2**18, torch.bfloat16))  # either cache decides
+    assert not pa._needs_int64_offsets(cache(0))
+
+
+@needs_triton
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
+def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
+    # Caches big enough for int64 cannot be allocated here: force the path on small ones; decode and prefill.
+    case = PagedCase([1, 16, 37, 130], 2, 32, 16, torch.float32, spare_table_entries=10)
+    quantized = quantize_fp8(case) if fp8 else None
+    monkeypatch.setattr(pa, "_needs_int64_offsets", lambda *caches: True)
+    q_dtype = torch.bfloat16 if fp8 else None
+    _decode_against_ref(case, 8, 3, fp8=quantized, q_dtype=q_dtype)
+    _prefill_against_ref(case, [1, 16, 20, 3], 8, fp8=quantized, q_dtype=q_dtype)
+
+
 def test_decode_register_cap_applies_to_unsplit_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pa, "INTERPRET", False)
     assert pa._decode_launch_options(fp8=True, split=False) == {"maxnreg": pa._DECODE_MAXNREG_FP8}

@@ -505,13 +505,19 @@ def _attend_tile(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
 ):
     # Keys start .. start + TILE_N - 1; each key finds its block through the block table, so a
     # tile may span several (non-contiguous) blocks and block_size need not match the tile.
     k_pos = start + tl.arange(0, TILE_N)
     k_valid = k_pos < kv_end
-    block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0).to(tl.int64)
-    offset = (k_pos % BLOCK_SIZE).to(tl.int64)
+    block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)
+    offset = k_pos % BLOCK_SIZE
+    if OFFSETS_64:
+        # Element offsets past 2^31 (a cache that large); int32 otherwise, which on sm_90 saves the fp8 decode
+        # loop 7% of its instructions and the bf16 one 10% and 26 registers (docs/benchmarks.md, issue 9).
+        block = block.to(tl.int64)
+        offset = offset.to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
     k_ptrs = k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh
     v_ptrs = v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh
@@ -575,6 +581,7 @@ def _attend_range(
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
 ):
     # Keys kv_begin .. kv_end - 1, TILE_N at a time.
     if INTERPRET:
@@ -585,7 +592,7 @@ def _attend_range(
             m_i, l_i, acc = _attend_tile(
                 q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row_ptr, start, kv_end, q_pos,
                 kv_head, qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                BLOCK_SIZE, TILE_N, HEAD_DIM, CAUSAL, DOT_PRECISION, INTERPRET,
+                BLOCK_SIZE, TILE_N, HEAD_DIM, CAUSAL, DOT_PRECISION, INTERPRET, OFFSETS_64,
             )  # fmt: skip
             start += TILE_N
     else:
@@ -594,7 +601,7 @@ def _attend_range(
             m_i, l_i, acc = _attend_tile(
                 q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, block_table_row_ptr, start, kv_end, q_pos,
                 kv_head, qk_scale, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                BLOCK_SIZE, TILE_N, HEAD_DIM, CAUSAL, DOT_PRECISION, INTERPRET,
+                BLOCK_SIZE, TILE_N, HEAD_DIM, CAUSAL, DOT_PRECISION, INTERPRET, OFFSETS_64,
             )  # fmt: skip
     return m_i, l_i, acc
 
@@ -657,6 +664,7 @@ def _decode_kernel(
     FP16_PRODUCTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
 ):
     # Program (seq, kv head, partition): all GROUP query heads of the kv head at once, so each K/V
     # row is read once per group. Rows >= GROUP are padding (tl.dot needs >= 16 rows).
@@ -697,7 +705,7 @@ def _decode_kernel(
     m_i, l_i, acc = _attend_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, kv_begin, kv_end, g, kv_head, qk_scale,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET, OFFSETS_64,
     )  # fmt: skip
     if KV_FP8:
         acc = acc * tl.load(v_scale_ptr + kv_head)
@@ -845,6 +853,7 @@ def paged_decode_attention(
         FP16_PRODUCTS=fp8 and q.dtype == torch.bfloat16,
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
+        OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
         **_decode_launch_options(fp8, split),
     )  # fmt: skip
     if split:
@@ -909,6 +918,7 @@ def _prefill_kernel(
     KV_FP8: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
+    OFFSETS_64: tl.constexpr,
 ):
     # Program (query tile, seq, kv head). Its BLOCK_M rows pack BLOCK_Q query tokens x GROUP heads
     # (row r = token r // GROUP, head r % GROUP), so K/V are read once per GQA group.
@@ -946,12 +956,12 @@ def _prefill_kernel(
     m_i, l_i, acc = _attend_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, 0, full_end, q_pos, kv_head, qk_scale,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, False, DOT_PRECISION, INTERPRET, OFFSETS_64,
     )  # fmt: skip
     m_i, l_i, acc = _attend_range(
         q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, bt_row, full_end, kv_end, q_pos, kv_head, qk_scale,
         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-        BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, INTERPRET,
+        BLOCK_SIZE, TILE_N, HEAD_DIM, True, DOT_PRECISION, INTERPRET, OFFSETS_64,
     )  # fmt: skip
     if KV_FP8:
         acc = acc * tl.load(v_scale_ptr + kv_head)
@@ -1017,6 +1027,7 @@ def paged_prefill_attention(
         KV_FP8=fp8,
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
+        OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
     )  # fmt: skip
     return out
 
@@ -1102,6 +1113,11 @@ def _check_attention_args(
             f"got {seq_lens.dtype} {tuple(seq_lens.shape)}"
         )
     return num_kv_heads
+
+
+def _needs_int64_offsets(*caches: torch.Tensor) -> bool:
+    """Whether an element offset into one of the caches can reach 2^31 (the kernels then compute in int64)."""
+    return any(sum(max(n - 1, 0) * s for n, s in zip(c.shape, c.stride(), strict=True)) >= 2**31 for c in caches)
 
 
 def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
