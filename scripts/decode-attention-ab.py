@@ -27,21 +27,20 @@ from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, ti
 from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench_throughput import hardware
 
-
-def _always_int64(*caches: torch.Tensor) -> bool:
-    return True
-
-
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
-        "int64": {"_needs_int64_offsets": _always_int64},  # the kernel before int32 offsets
-        "int32": {},
-        "int32-r128-unsplit-only": {"_DECODE_MAXNREG_FP8": 128},
-        "int32-nocap": {"_DECODE_MAXNREG_FP8": None},
+        "w4-t128": {},
+        "w2-t64-pps6": {"_DECODE_NUM_WARPS_FP8": 2, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 6,
+                        "_DECODE_MAXNREG_FP8": None},
+        "w1-t64-pps8": {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 8,
+                        "_DECODE_MAXNREG_FP8": None},
+        "w1-t64-pps11": {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 11,
+                         "_DECODE_MAXNREG_FP8": None},
     },
     "bf16": {
-        "int64": {"_needs_int64_offsets": _always_int64},
-        "int32": {},
+        "w4": {},
+        "w2-pps6": {"_DECODE_NUM_WARPS_16": 2, "_PROGRAMS_PER_SM": 6},
+        "w1-pps9": {"_DECODE_NUM_WARPS_16": 1, "_PROGRAMS_PER_SM": 9},
     },
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),

@@ -63,6 +63,8 @@ _DECODE_TILE_N_FP8 = 128
 # issue 9, sixth pass). The 16-bit program (122 registers) has no cap: 96 spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
 _DECODE_MAXNREG_16: int | None = None
+_DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
+_DECODE_NUM_WARPS_16 = 4
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
@@ -519,8 +521,8 @@ def _attend_tile(
         block = block.to(tl.int64)
         offset = offset.to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
-    k_ptrs = k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh
-    v_ptrs = v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh
+    k_ptrs = k_cache_ptr + (block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh)
+    v_ptrs = v_cache_ptr + (block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh)
     # An fp8 tile widens to q's dtype exactly (e4m3 fits bf16/fp16/fp32); a no-op otherwise. Its
     # per-head scales are applied by the caller, outside the loop.
     k = tl.load(k_ptrs + d[None, :], mask=k_valid[:, None], other=0.0).to(q.dtype)
@@ -869,7 +871,10 @@ def paged_decode_attention(
 
 def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
     maxnreg = (None if split else _DECODE_MAXNREG_FP8) if fp8 else _DECODE_MAXNREG_16
-    return {"maxnreg": maxnreg} if maxnreg and not INTERPRET else {}
+    options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
+    if maxnreg and not INTERPRET:
+        options["maxnreg"] = maxnreg
+    return options
 
 
 def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device, fp8: bool = False) -> int:
