@@ -1,6 +1,10 @@
 """A/B of decode attention launch settings, alternated in one process (issue 9).
 
     python3 scripts/decode-attention-ab.py OUT_JSON [--rounds 2] [--iters 50] [--groups fp8,bf16]
+                                           [--baseline FILE]
+
+`--baseline FILE`: another version of paged_attention.py (e.g. `git show REV:kernels/governor/kernels/paged_attention.py
+> FILE`), loaded as its own module and timed first in every group as the variant "baseline", with its own defaults.
 
 Each variant sets module attributes of governor.kernels.paged_attention (register cap, offset width, split
 heuristic) before the calls and the defaults are restored after; a variant that sets nothing is the code as it is.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import math
 import time
@@ -30,16 +35,11 @@ from governor.engine.bench_throughput import hardware
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "w4-t128": {},
-        "w2-t64-pps6": {"_DECODE_NUM_WARPS_FP8": 2, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 6,
-                        "_DECODE_MAXNREG_FP8": None},
         "w1-t64-pps8": {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 8,
                         "_DECODE_MAXNREG_FP8": None},
-        "w1-t64-pps11": {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 11,
-                         "_DECODE_MAXNREG_FP8": None},
     },
     "bf16": {
         "w4": {},
-        "w2-pps6": {"_DECODE_NUM_WARPS_16": 2, "_PROGRAMS_PER_SM": 6},
         "w1-pps9": {"_DECODE_NUM_WARPS_16": 1, "_PROGRAMS_PER_SM": 9},
     },
 }
@@ -53,7 +53,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--groups", default="fp8,bf16")
+    parser.add_argument("--baseline", help="another paged_attention.py to time as the variant 'baseline'")
     args = parser.parse_args()
+    baseline = None
+    if args.baseline:
+        spec = importlib.util.spec_from_file_location("paged_attention_baseline", args.baseline)
+        assert spec is not None and spec.loader is not None
+        baseline = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(baseline)
     device = torch.device("cuda")
     hbm = hbm_bandwidth_gb_per_s()
     defaults = {name: getattr(pa, name) for group in GROUPS.values() for v in group.values() for name in v}
@@ -69,12 +76,14 @@ def main() -> None:
             scale = 1 / math.sqrt(case.head_dim)
             first: torch.Tensor | None = None
             for rnd in range(args.rounds):
-                for name, settings in variants.items():
-                    for attr, value in {**defaults, **settings}.items():
+                runs: dict[str, dict[str, Any] | None] = {"baseline": None} if baseline else {}
+                for name, settings in {**runs, **variants}.items():
+                    for attr, value in {**defaults, **(settings or {})}.items():
                         setattr(pa, attr, value)
+                    mod = pa if settings is not None or baseline is None else baseline
                     out = torch.empty_like(x["q"])
                     call = functools.partial(
-                        pa.paged_decode_attention, x["q"], x["k_cache"], x["v_cache"], x["block_tables"],
+                        mod.paged_decode_attention, x["q"], x["k_cache"], x["v_cache"], x["block_tables"],
                         x["seq_lens"], scale, out, k_scale=x["k_scale"], v_scale=x["v_scale"])
                     times = sorted(time_call(call, device, 5, args.iters))
                     ms = times[len(times) // 2]
