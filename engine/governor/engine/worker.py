@@ -17,7 +17,7 @@ import torch
 
 from governor.engine.attention import PagedAttention
 from governor.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
-from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block
+from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block, max_blocks_for_int32_offsets
 from governor.engine.models.checkpoint import LazyTensor, dummy_weights, iter_weights
 from governor.engine.models.llama import CausalLM
 from governor.engine.models.model_config import ModelConfig
@@ -147,7 +147,14 @@ class Worker:
             budget = int(free * cfg.gpu_memory_utilization)
         else:
             budget = DEFAULT_CPU_KV_CACHE_BYTES
-        return max(1, budget // per_block)
+        blocks = max(1, budget // per_block)
+        cap = max_blocks_for_int32_offsets(self.local_config, self.block_size)
+        if blocks > cap:
+            # Only a small model on a large GPU gets here (qwen3-0.6b with an fp8 cache on an H200: 2.1M tokens).
+            log.info("KV cache: %d blocks fit the memory budget; using %d, so that each layer's K/V tensor keeps "
+                     "int32 offsets in the attention kernels (num_kv_blocks sets the count explicitly)", blocks, cap)
+            blocks = cap
+        return blocks
 
 
 def _raise_if_any_rank_failed(tp: TPGroup, error: Exception | None, what: str) -> None:

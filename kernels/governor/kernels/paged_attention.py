@@ -47,6 +47,8 @@ _LOG2E = 1.4426950408889634
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
+# A contiguous cache of at most this many elements is addressed with int32 offsets (faster; larger ones: int64).
+INT32_OFFSET_ELEMENTS = 2**31
 _FP8_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # q/out dtypes over an fp8 cache
 
 # Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
@@ -516,17 +518,16 @@ def _attend_tile(
     block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)
     offset = k_pos % BLOCK_SIZE
     if OFFSETS_64:
-        # Element offsets past 2^31 (a cache that large); int32 otherwise, which on sm_90 saves the fp8 decode
-        # loop 7% of its instructions and the bf16 one 10% and 26 registers (docs/benchmarks.md, issue 9).
+        # Element offsets past 2^31 (a cache that large): the block's start in int64, the offset within the block
+        # in int32 (a block is far smaller). All int32 otherwise (docs/benchmarks.md, issue 9, sixth pass).
         block = block.to(tl.int64)
-        offset = offset.to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
     if k_cache_ptr.dtype.element_ty == tl.float8e4nv:
-        # One 64-bit pointer add per row instead of three: 7% fewer loop instructions and 4-5% faster fp8 decode
-        # on an H200. The 16-bit kernel keeps three: summed, its batch-256 decode lost 5-6% there (it then fit 5
+        # One 64-bit pointer add per row instead of three: fewer loop instructions and 4-5% faster fp8 decode on
+        # an H200. The 16-bit kernel keeps three: summed, its batch-256 decode lost 5-6% there (it then fit 5
         # programs per SM instead of 4; docs/benchmarks.md, issue 9, sixth pass).
-        k_ptrs = k_cache_ptr + (block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh)
-        v_ptrs = v_cache_ptr + (block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh)
+        k_ptrs = k_cache_ptr + (block[:, None] * stride_kb + (offset[:, None] * stride_kt + kv_head * stride_kh))
+        v_ptrs = v_cache_ptr + (block[:, None] * stride_vb + (offset[:, None] * stride_vt + kv_head * stride_vh))
     else:
         k_ptrs = k_cache_ptr + block[:, None] * stride_kb + offset[:, None] * stride_kt + kv_head * stride_kh
         v_ptrs = v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vt + kv_head * stride_vh
@@ -1129,7 +1130,8 @@ def _check_attention_args(
 
 def _needs_int64_offsets(*caches: torch.Tensor) -> bool:
     """Whether an element offset into one of the caches can reach 2^31 (the kernels then compute in int64)."""
-    return any(sum(max(n - 1, 0) * s for n, s in zip(c.shape, c.stride(), strict=True)) >= 2**31 for c in caches)
+    return any(sum(max(n - 1, 0) * s for n, s in zip(c.shape, c.stride(), strict=True)) >= INT32_OFFSET_ELEMENTS
+               for c in caches)
 
 
 def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
