@@ -6,8 +6,9 @@
 `--baseline FILE`: another version of paged_attention.py (e.g. `git show REV:kernels/governor/kernels/paged_attention.py
 > FILE`), loaded as its own module and timed first in every group as the variant "baseline", with its own defaults.
 
-Each variant sets module attributes of governor.kernels.paged_attention (register cap, offset width, split
-heuristic) before the calls and the defaults are restored after; a variant that sets nothing is the code as it is.
+Each variant sets module attributes of governor.kernels.paged_attention (register cap, warps, tile, split heuristic,
+or a function such as `_needs_int64_offsets`) before the calls and the defaults are restored after; a variant that
+sets nothing is the code as it is.
 Cases: the attention target (batch 32, 4K and 32K, 32:8 heads), the throughput workload's shape (batch 256, 612 and
 1,024 tokens, 16:8 heads) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
 bf16 q, random block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench_attention.py:
@@ -45,6 +46,15 @@ GROUPS: dict[str, dict[str, dict[str, Any]]] = {
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),
           (8, 4096, 32, 8), (16, 8192, 32, 8)]
+
+
+def _splits(mod: Any, programs: int, context: int, device: torch.device, fp8: bool) -> int:
+    """The split count `mod` runs (a baseline older than the per-dtype heuristic takes no `fp8`)."""
+    bound = -(-context // 16) * 16  # the block-table capacity the kernel sizes splits from (16-token blocks)
+    try:
+        return int(mod.decode_num_splits(programs, bound, device, fp8=fp8))
+    except TypeError:
+        return int(mod.decode_num_splits(programs, bound, device))
 
 
 def main() -> None:
@@ -90,7 +100,7 @@ def main() -> None:
                     first = out if first is None else first
                     gbs = kv_bytes(case) / (ms * 1e-3) / 1e9
                     row = {"kv": group, "case": f"b{batch} ctx{context} {hq}:{hkv}", "variant": name, "round": rnd,
-                           "splits": pa.decode_num_splits(batch * hkv, context, device, fp8=group == "fp8"),
+                           "splits": _splits(mod, batch * hkv, context, device, group == "fp8"),
                            "us_p50": 1e3 * ms, "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
                            "kv_gb_per_s": gbs, "fraction_of_hbm": gbs / hbm,
                            "max_abs_diff_vs_first": float((out.float() - first.float()).abs().max())}

@@ -34,8 +34,9 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
     fn = pa._decode_kernel
     fp8 = args.kv_dtype == "fp8"
     kv = "fp8e4nv" if fp8 else args.kv_dtype
-    sig = {"q_ptr": "*bf16", "k_cache_ptr": f"*{kv}", "v_cache_ptr": f"*{kv}", "block_tables_ptr": "*i32",
-           "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+    q = "fp16" if args.kv_dtype == "fp16" else "bf16"  # q's dtype is the cache's, bf16 over fp8 (as the engine runs)
+    sig = {"q_ptr": f"*{q}", "k_cache_ptr": f"*{kv}", "v_cache_ptr": f"*{kv}", "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": f"*{q}", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
            "part_l_ptr": "*fp32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}
     for name in fn.arg_names:
         sig.setdefault(name, "i32")

@@ -6,6 +6,7 @@ before anything imports the kernels (Triton reads it when `@triton.jit` decorate
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -328,10 +329,41 @@ def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -
     assert not pa._needs_int64_offsets(cache(0))
 
 
+class LaunchSpy:
+    """Stands in for a Triton kernel (`kernel[grid](...)`), records each launch's keyword arguments, then launches."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.launches: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@needs_triton
+@pytest.mark.parametrize("big", [False, True], ids=["int32", "int64"])
+def test_decode_and_prefill_launch_the_offset_width_the_caches_need(monkeypatch: pytest.MonkeyPatch,
+                                                                    big: bool) -> None:
+    decode, prefill = LaunchSpy(pa._decode_kernel), LaunchSpy(pa._prefill_kernel)
+    monkeypatch.setattr(pa, "_decode_kernel", decode)
+    monkeypatch.setattr(pa, "_prefill_kernel", prefill)
+    if big:  # as if a cache had 2^31 elements (one that size cannot be allocated here)
+        monkeypatch.setattr(pa, "_needs_int64_offsets", lambda *caches: True)
+    case = PagedCase([5, 40], 2, 16, 8, torch.float32)
+    _decode_against_ref(case, 4, 1)
+    _prefill_against_ref(case, [5, 7], 4)
+    assert [k["OFFSETS_64"] for k in decode.launches + prefill.launches] == [big, big]
+
+
 @needs_triton
 @pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
 def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
-    # Caches big enough for int64 cannot be allocated here: force the path on small ones; decode and prefill.
+    # Caches big enough for int64 cannot be allocated here: force the path on small ones; decode and prefill. (The
+    # casts themselves need a real 2^31-element cache: test_gpu_fp8_decode_past_2_to_the_31_elements.)
     case = PagedCase([1, 16, 37, 130], 2, 32, 16, torch.float32, spare_table_entries=10)
     quantized = quantize_fp8(case) if fp8 else None
     monkeypatch.setattr(pa, "_needs_int64_offsets", lambda *caches: True)
@@ -661,6 +693,31 @@ def test_gpu_fp8_decode_real_shapes(num_q_heads: int, num_kv_heads: int, context
     seq_lens = [context] * 28 + [context - 1, context // 3 + 5, 17, 1]
     case = PagedCase(seq_lens, num_kv_heads, 128, 16, torch.float32)
     _decode_against_ref(case, num_q_heads, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_fp8_decode_past_2_to_the_31_elements() -> None:
+    # fp8 caches of 2^17 + 64 blocks x 16 x 8 x 128 (2.15 GB each): the sequences' blocks sit at the end, where
+    # element offsets pass 2^31, so a missing int64 cast would read the wrong memory. The reference reads only the
+    # blocks the tables name.
+    blocks, bs, heads, dim = 2**17 + 64, 16, 8, 128
+    k_cache = torch.zeros(blocks, bs, heads, dim, dtype=FP8, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+    assert pa._needs_int64_offsets(k_cache, v_cache)
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    seq_lens = [1000, 517]
+    tables = torch.arange(blocks - 128, blocks, device=DEVICE, dtype=torch.int32).view(2, 64)
+    used = tables.flatten().long()
+    k_cache[used] = torch.randn(len(used), bs, heads, dim, generator=gen, device=DEVICE).to(FP8)
+    v_cache[used] = torch.randn(len(used), bs, heads, dim, generator=gen, device=DEVICE).to(FP8)
+    q = torch.randn(2, 32, dim, generator=gen, device=DEVICE).to(torch.bfloat16)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    ones = torch.ones(heads, device=DEVICE)
+    got = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, dim**-0.5, k_scale=ones, v_scale=ones)
+    want = pa.paged_attention_ref(q, k_cache, v_cache, tables, lens, torch.arange(3, dtype=torch.int32,
+                                  device=DEVICE), dim**-0.5, k_scale=ones, v_scale=ones)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.gpu

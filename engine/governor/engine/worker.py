@@ -151,8 +151,9 @@ class Worker:
         cap = max_blocks_for_int32_offsets(self.local_config, self.block_size)
         if blocks > cap:
             # Only a small model on a large GPU gets here (qwen3-0.6b with an fp8 cache on an H200: 2.1M tokens).
-            log.info("KV cache: %d blocks fit the memory budget; using %d, so that each layer's K/V tensor keeps "
-                     "int32 offsets in the attention kernels (num_kv_blocks sets the count explicitly)", blocks, cap)
+            log.info("KV cache: %d blocks fit the memory budget; using %d, so that the model's per-layer K/V tensors "
+                     "keep int32 offsets in the attention kernels (num_kv_blocks sets the count explicitly; a draft "
+                     "model's cache is sized apart)", blocks, cap)
             blocks = cap
         return blocks
 

@@ -59,10 +59,11 @@ _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are 
 # 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat 8 on every fp8 shape measured.
 _DECODE_TILE_N_FP8 = 128
 # Registers per thread of an unsplit decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's
-# choice). It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128 (4 per SM, ptxas
-# spills 8 bytes) it ran 5% faster on an H200 at batch 256 (612 and 1,024 tokens, one split), and 2-10% slower on
-# split batches (32 at 4K and 32K, 16 at 8K), so split launches keep the compiler's choice (docs/benchmarks.md,
-# issue 9, sixth pass). The 16-bit program (122 registers) has no cap: 96 spilled and lost 20-25%.
+# choice). It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM (no spills
+# since int32 offsets). Measured on an H200 with the int64-offset kernel of the time: 5% faster at batch 256 (612 and
+# 1,024 tokens, one split), 2-10% slower on split batches (32 at 4K and 32K, 16 at 8K), so split launches keep the
+# compiler's choice (docs/benchmarks.md, issue 9, sixth pass). The 16-bit program (96 registers split, 108 unsplit,
+# with int32 offsets) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
 _DECODE_MAXNREG_16: int | None = None
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
@@ -518,9 +519,10 @@ def _attend_tile(
     block = tl.load(block_table_row_ptr + k_pos // BLOCK_SIZE, mask=k_valid, other=0)
     offset = k_pos % BLOCK_SIZE
     if OFFSETS_64:
-        # Element offsets past 2^31 (a cache that large): the block's start in int64, the offset within the block
-        # in int32 (a block is far smaller). All int32 otherwise (docs/benchmarks.md, issue 9, sixth pass).
+        # Element offsets can pass 2^31 (a cache that large, or strides that wide): int64. int32 otherwise, which on
+        # sm_90 saves the fp8 decode loop 7% of its instructions (docs/benchmarks.md, issue 9, sixth pass).
         block = block.to(tl.int64)
+        offset = offset.to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
     if k_cache_ptr.dtype.element_ty == tl.float8e4nv:
         # One 64-bit pointer add per row instead of three: fewer loop instructions and 4-5% faster fp8 decode on
