@@ -242,6 +242,10 @@ def test_a_knob_the_tuner_no_longer_reports_is_removed_from_status() -> None:
     assert again.tuning.written is not None and "retired_knob" not in again.tuning.written["knobs"]
     again.run(1)
     assert len(again.writes) == 1  # the next interval writes nothing: its status is what was meant
+    held = Loop([queueing()], previous=previous)
+    held.run(1, env={})  # no Prometheus: the tuner holds, and still drops the knob it does not know
+    (_, patch), = held.writes
+    assert patch["knobs"]["retired_knob"] is None and patch["baseline"]["retired_knob"] is None
 
 
 # --- the operator against the emulator ----------------------------------------------------------------

@@ -38,6 +38,7 @@ from typing import Any
 import kopf
 from kubernetes import client
 
+from governor import contract
 from governor.operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec, duration_seconds, parse_spec
 from governor.operator.render import (
     ADMIN_TOKEN_KEY,
@@ -367,9 +368,9 @@ class ServiceTuning:
         self.clock = clock
         history = prev.get("history")
         self.sink = StatusSink(h for h in (history if isinstance(history, list) else []) if isinstance(h, Mapping))
-        self.knobs: dict[str, int] | None = prev.get("knobs") if isinstance(prev.get("knobs"), dict) else None
-        self.baseline: dict[str, int] | None = prev.get("baseline") if isinstance(prev.get("baseline"), dict) \
-            else None
+        # Only the contract's knobs carry over: one an older operator wrote is dropped from status on the first write.
+        self.knobs = _contract_knobs(prev.get("knobs"))
+        self.baseline = _contract_knobs(prev.get("baseline"))
         self.new_baseline = True  # the next fresh knob values become the baseline
         self.tuner: Tuner | None = None
         self.config: TuningConfig | None = None
@@ -424,6 +425,11 @@ class ServiceTuning:
                 log.info("tuner of %s/%s: %s (%s)", self.namespace, self.name, state.reason, state.message)
             self.write_status(replacing_patch(self.written, doc))
             self.written = doc
+
+
+def _contract_knobs(value: Any) -> dict[str, int] | None:
+    """A status knob map restricted to the contract's knob names; None when it is not a map."""
+    return {k: v for k, v in value.items() if k in contract.KNOB_NAMES} if isinstance(value, Mapping) else None
 
 
 def replacing_patch(written: Mapping[str, Any] | None, doc: dict[str, Any]) -> dict[str, Any]:
