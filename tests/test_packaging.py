@@ -158,7 +158,9 @@ def test_the_chart_s_pod_monitor_turns_off_the_operator_s_per_service_ones() -> 
     from governor.operator import handlers
 
     text = (TEMPLATES / "deployment.yaml").read_text()
-    assert 'value: {{ ternary "false" "auto" .Values.podMonitor.enabled | quote }}' in text
+    assert ('value: {{ ternary "false" .Values.podMonitor.operatorPodMonitors .Values.podMonitor.enabled | quote }}'
+            in text)
+    assert _values()["podMonitor"]["operatorPodMonitors"] == "auto"
     assert 'os.environ.get("GOVERNOR_POD_MONITOR", "auto")' in Path(handlers.__file__).read_text()
 
 
