@@ -21,16 +21,11 @@ set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
 . scripts/gpu-prelude.sh /tmp/issue9a-dry
+. scripts/gpu-issue9-presets.sh
 if [ "${DRY:-0}" = 1 ]; then
-  L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
-  LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
-  W=(--num-prompts 8 --input-len 10:10 --output-len 12:12) HF_BATCH=8
   HOST=(--device cpu --batch 8 --prompt-len 16 --new-tokens 8 dtype=float32)
   CC=(device=cpu dtype=float32 max_model_len=1024 load_format=dummy)
 else
-  L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
-  LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
-  W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
   HOST=(--device cuda --batch 256 --prompt-len 100 --new-tokens 1024 dtype=bfloat16 max_model_len=40960)
   CC=(load_format=dummy dtype=bfloat16 max_model_len=4096)
 fi

@@ -21,19 +21,14 @@ set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
 . scripts/gpu-prelude.sh /tmp/issue9f-dry
+. scripts/gpu-issue9-presets.sh
 if [ "${DRY:-0}" = 1 ]; then
-  L=tiny Q=tiny MK=(--dtype float32) DEV=(--device cpu --dtype float32)
-  LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
-  W=(--num-prompts 8 --input-len 10:10 --output-len 12:12) HF_BATCH=8
   PROF1=(--batch 1 --context 16 --steps 3 device=cpu dtype=float32 load_format=dummy)
   PROF256=(--batch 4 --context 16 --steps 3 device=cpu dtype=float32)
   HOST=(--device cpu --batch 8 --prompt-len 16 --new-tokens 8 dtype=float32)
   ATT1=(--device cpu --batches 2 --contexts 64 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
   ATT2=(--device cpu --batches 4 --contexts 32 --heads 4:2 --head-dim 16 --warmup 1 --iters 2)
 else
-  L=llama3-8b Q=qwen3-0.6b MK=(--dtype bfloat16 --device cuda) DEV=()
-  LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
-  W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
   PROF1=(--batch 1 --context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
   PROF256=(--batch 256 --context 512 --steps 20 dtype=bfloat16 max_num_batched_tokens=16384)
   HOST=(--device cuda --batch 256 --prompt-len 100 --new-tokens 1024 dtype=bfloat16 max_model_len=40960)
