@@ -65,7 +65,6 @@ _DECODE_TILE_N_FP8 = 128
 # compiler's choice (docs/benchmarks.md, issue 9, sixth pass). The 16-bit program (96 registers split, 108 unsplit,
 # with int32 offsets) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
-_DECODE_MAXNREG_16: int | None = None
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 _DECODE_NUM_WARPS_16 = 4
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
@@ -880,7 +879,7 @@ def paged_decode_attention(
 
 
 def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
-    maxnreg = (None if split else _DECODE_MAXNREG_FP8) if fp8 else _DECODE_MAXNREG_16
+    maxnreg = _DECODE_MAXNREG_FP8 if fp8 and not split else None
     options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
