@@ -35,13 +35,13 @@ from governor.engine.bench_throughput import hardware
 
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
-        "w4-t128": {},
-        "w1-t64-pps8": {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_PROGRAMS_PER_SM_FP8": 8,
-                        "_DECODE_MAXNREG_FP8": None},
+        "cur": {},
+        "cap-down": {"_DECODE_MAXNREG_FP8_SPLIT": 128, "_SPLIT_ROUND_DOWN_FP8": True},
+        "cap-up": {"_DECODE_MAXNREG_FP8_SPLIT": 128},
+        "down": {"_SPLIT_ROUND_DOWN_FP8": True},
     },
     "bf16": {
         "w4": {},
-        "w1-pps9": {"_DECODE_NUM_WARPS_16": 1, "_PROGRAMS_PER_SM": 9},
     },
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),

@@ -13,8 +13,9 @@ The fraction is `kv_gb_per_s` over the HBM bandwidth of a 1 GiB device-to-device
 same process (`bench_latency.hbm_bandwidth_gb_per_s`, read and write counted).
 
 Timing on CUDA: warm-up calls first (Triton compilation, allocator), then `iters` calls, each preceded by
-a write of a 256 MiB buffer that evicts L2 (so K/V come from HBM), each between its own CUDA events;
-the median is reported (mean too). Off CUDA (tests, TRITON_INTERPRET=1) the same flow is timed by the
+a write of a 256 MiB buffer that evicts L2 (so K/V come from HBM), each between its own CUDA events,
+all enqueued while the GPU sleeps (`time_call`: no host time between the events); the median is reported
+(mean too). Off CUDA (tests, TRITON_INTERPRET=1) the same flow is timed by the
 wall clock; those numbers mean nothing.
 
 The block table is a random permutation of the cache's blocks by default (an engine's table after
@@ -33,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# torch.cuda._sleep spins for a number of GPU clock cycles; this rate overestimates no GPU here (an H200's
+# boost clock is 1.98 GHz), so a sleep lasts at least the seconds it was sized for.
+_SLEEP_CYCLES_PER_S = 2.0e9
 
 KV_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
              "fp32": torch.float32, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
@@ -103,7 +108,13 @@ def effective_num_splits(case: AttentionCase, device: torch.device) -> int:
 
 
 def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:
-    """Milliseconds of each of `iters` calls of `fn` after `warmup` calls (CUDA: events, L2 flushed first)."""
+    """Milliseconds of each of `iters` calls of `fn` after `warmup` calls (CUDA: events, L2 flushed first).
+
+    On CUDA the GPU sleeps while the host enqueues every timed call, so no event pair can take in host time:
+    a short call's launches (Python, argument checks, two Triton launches when split) can take longer on the
+    host than the call on the GPU, and a GPU that catches up with the host then idles between its own events.
+    Raises RuntimeError if the GPU woke before the host had enqueued the last call (the sleep was too short).
+    """
     for _ in range(warmup):
         fn()
     if device.type != "cuda":
@@ -116,12 +127,26 @@ def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[fl
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     torch.cuda.synchronize(device)
+    # The host's time to enqueue one timed call (the GPU is idle, so nothing blocks it), then a sleep covering
+    # all of them with a margin.
+    t0 = time.perf_counter()
+    flush.zero_()
+    fn()
+    host_s = time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    awake = torch.cuda.Event()
+    torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * (0.01 + 3 * iters * host_s)))
+    awake.record()
     for start, end in events:
         flush.zero_()  # evicts L2 (50 MiB on an H100/H200); not inside the events
         start.record()
         fn()
         end.record()
+    starved = awake.query()  # the GPU already past the sleep: some calls may have waited on the host
     torch.cuda.synchronize(device)
+    if starved:
+        raise RuntimeError(f"time_call: the GPU caught up with the host ({iters} calls, {1e3 * host_s:.2f} ms of "
+                           "host time each); the timings could include host time")
     return [s.elapsed_time(e) for s, e in events]
 
 

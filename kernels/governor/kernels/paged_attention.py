@@ -65,6 +65,8 @@ _DECODE_TILE_N_FP8 = 128
 # compiler's choice (docs/benchmarks.md, issue 9, sixth pass). The 16-bit program (96 registers split, 108 unsplit,
 # with int32 offsets) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
+_DECODE_MAXNREG_FP8_SPLIT: int | None = None  # the same for split fp8 launches (experiment)
+_SPLIT_ROUND_DOWN_FP8 = False  # experiment: fp8 splits = floor(slots / programs) (at most one wave)
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 _DECODE_NUM_WARPS_16 = 4
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
@@ -879,7 +881,7 @@ def paged_decode_attention(
 
 
 def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
-    maxnreg = _DECODE_MAXNREG_FP8 if fp8 and not split else None
+    maxnreg = (_DECODE_MAXNREG_FP8_SPLIT if split else _DECODE_MAXNREG_FP8) if fp8 else None
     options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
@@ -890,7 +892,8 @@ def _choose_num_splits(num_programs: int, context_bound: int, device: torch.devi
     """Split until the (seq, kv head, split) grid fills the GPU, keeping a context_bound-long sequence's
     partitions >= _SPLIT_MIN_PARTITION tokens."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    wanted = -(-((_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * sm_count) // num_programs)
+    slots = (_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * sm_count
+    wanted = max(1, slots // num_programs) if fp8 and _SPLIT_ROUND_DOWN_FP8 else -(-slots // num_programs)
     by_length = context_bound // _SPLIT_MIN_PARTITION
     return max(1, min(wanted, by_length, _SPLIT_MAX))
 
