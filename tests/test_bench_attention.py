@@ -35,8 +35,9 @@ def test_reported_split_count_is_the_kernels() -> None:
     # over 16 * 8 pairs -> 4 splits of 1024.
     assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128), cpu) == 2
     assert ba.effective_num_splits(ba.AttentionCase(16, 4096, 32, 8, 128), cpu) == 4
-    # An fp8 cache targets 4 programs per SM: 3 splits (1408-token partitions) at batch 32.
-    assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128, kv_dtype="fp8"), cpu) == 3
+    # An fp8 cache fits one wave of 4 programs per SM: 2 splits at batch 32 (512 of 528), 4 at batch 16.
+    assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128, kv_dtype="fp8"), cpu) == 2
+    assert ba.effective_num_splits(ba.AttentionCase(16, 8192, 32, 8, 128, kv_dtype="fp8"), cpu) == 4
     assert ba.effective_num_splits(ba.AttentionCase(32, 4096, 32, 8, 128, num_splits=1), cpu) == 1
     # 100 tokens in blocks of 16 -> a 112-token table; 4 splits of 28 round up to 64-token partitions -> 2.
     assert ba.effective_num_splits(ba.AttentionCase(1, 100, 4, 2, 16, num_splits=4), cpu) == 2

@@ -372,13 +372,27 @@ def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.Monkey
     _prefill_against_ref(case, [1, 16, 20, 3], 8, fp8=quantized, q_dtype=q_dtype)
 
 
-def test_decode_register_cap_applies_to_unsplit_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_register_cap_applies_to_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pa, "INTERPRET", False)
-    assert pa._decode_launch_options(fp8=True, split=False)["maxnreg"] == pa._DECODE_MAXNREG_FP8
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True, split=True)
-    assert "maxnreg" not in pa._decode_launch_options(fp8=False, split=False)
+    assert pa._decode_launch_options(fp8=True)["maxnreg"] == pa._DECODE_MAXNREG_FP8
+    assert "maxnreg" not in pa._decode_launch_options(fp8=False)
     monkeypatch.setattr(pa, "INTERPRET", True)  # the interpreter takes no register cap
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True, split=False)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=True)
+
+
+def test_fp8_split_counts_fit_one_wave_and_16_bit_ones_fill_the_target() -> None:
+    # 132 SMs off CUDA. fp8: 4 programs per SM, rounded down: batch 32 x 8 kv heads -> 2 splits (512 of 528 slots).
+    cpu = torch.device("cpu")
+    assert pa._choose_num_splits(256, 4096, cpu, fp8=True) == 2
+    assert pa._choose_num_splits(128, 8192, cpu, fp8=True) == 4
+    assert pa._choose_num_splits(8, 32768, cpu, fp8=True) == 64  # 66 fit, capped
+    assert pa._choose_num_splits(300, 32768, cpu, fp8=True) == 1  # two would take 1.14 waves
+    assert pa._choose_num_splits(256, 1024, cpu, fp8=True) == 2
+    assert pa._choose_num_splits(256, 1023, cpu, fp8=True) == 1  # partitions of >= 512 tokens
+    # 16-bit: 3 per SM, rounded up.
+    assert pa._choose_num_splits(256, 4096, cpu) == 2
+    assert pa._choose_num_splits(128, 8192, cpu) == 4
+    assert pa._choose_num_splits(300, 32768, cpu) == 2
 
 
 @needs_triton

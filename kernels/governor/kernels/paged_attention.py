@@ -58,15 +58,14 @@ _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are 
 # issue 9), against 64 keys: batch 256 at 1K context 66% -> 79% of HBM copy bandwidth, batch 32 at 4K
 # 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat 8 on every fp8 shape measured.
 _DECODE_TILE_N_FP8 = 128
-# Registers per thread of an unsplit decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's
-# choice). It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM (no spills
-# since int32 offsets). Measured on an H200 with the int64-offset kernel of the time: 5% faster at batch 256 (612 and
-# 1,024 tokens, one split), 2-10% slower on split batches (32 at 4K and 32K, 16 at 8K), so split launches keep the
-# compiler's choice (docs/benchmarks.md, issue 9, sixth pass). The 16-bit program (96 registers split, 108 unsplit,
-# with int32 offsets) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
+# Registers per thread of a decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's choice). It
+# compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM. Unsplit launches: 5%
+# faster at batch 256 (612 and 1,024 tokens) on an H200. Split launches take the cap since their split count fills
+# one wave of 4 programs per SM (`_choose_num_splits`): batch 32 at 4K 98.8 -> 95.6 us, at 32K 638 -> 630, batch 16
+# at 8K 108 -> 96, batch 8 at 4K 41.5 -> 35.8 (the cap with the old split count was 2-10% slower, fewer splits
+# without the cap 11-18% slower; docs/benchmarks.md, issue 9, seventh pass). The 16-bit program (96 registers
+# split, 108 unsplit) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
-_DECODE_MAXNREG_FP8_SPLIT: int | None = None  # the same for split fp8 launches (experiment)
-_SPLIT_ROUND_DOWN_FP8 = False  # experiment: fp8 splits = floor(slots / programs) (at most one wave)
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 _DECODE_NUM_WARPS_16 = 4
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
@@ -79,8 +78,9 @@ _SPLIT_MIN_PARTITION = 512
 _SPLIT_MAX = 64
 # Target programs per SM, over a 16-bit cache and over an fp8 one. For 16-bit, 3 instead of 4 splits batch 32 x 8
 # kv heads two ways (512 programs, one wave of 4 per SM) instead of three (768): on an H200, 78% -> 90% of the copy
-# bandwidth at 4K, 89% -> 104% at 32K, batch 16 at 8K 69% -> 90%. The fp8 program (3 per SM) lost with fewer
-# splits (batch 32 at 32K 71% -> 62%, at 4K 60% -> 54%), so it keeps 4 (docs/benchmarks.md, issue 9, sixth pass).
+# bandwidth at 4K, 89% -> 104% at 32K, batch 16 at 8K 69% -> 90%. For fp8, 4 is the occupancy of the capped program
+# (`_DECODE_MAXNREG_FP8`), and the split count rounds down so the programs fit one wave of it (batch 32 x 8 kv
+# heads: 2 splits, 512 programs on 528 slots; rounding up gave 3, 1.45 waves).
 _PROGRAMS_PER_SM = 3
 _PROGRAMS_PER_SM_FP8 = 4
 
@@ -867,7 +867,7 @@ def paged_decode_attention(
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
         OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
-        **_decode_launch_options(fp8, split),
+        **_decode_launch_options(fp8),
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -880,8 +880,8 @@ def paged_decode_attention(
     return out
 
 
-def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
-    maxnreg = (_DECODE_MAXNREG_FP8_SPLIT if split else _DECODE_MAXNREG_FP8) if fp8 else None
+def _decode_launch_options(fp8: bool) -> dict[str, int]:
+    maxnreg = _DECODE_MAXNREG_FP8 if fp8 else None
     options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
@@ -893,7 +893,8 @@ def _choose_num_splits(num_programs: int, context_bound: int, device: torch.devi
     partitions >= _SPLIT_MIN_PARTITION tokens."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     slots = (_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * sm_count
-    wanted = max(1, slots // num_programs) if fp8 and _SPLIT_ROUND_DOWN_FP8 else -(-slots // num_programs)
+    # fp8: as many splits as fit one wave (at least one); 16-bit: enough to fill the target.
+    wanted = max(1, slots // num_programs) if fp8 else -(-slots // num_programs)
     by_length = context_bound // _SPLIT_MIN_PARTITION
     return max(1, min(wanted, by_length, _SPLIT_MAX))
 
