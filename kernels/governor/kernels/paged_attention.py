@@ -66,6 +66,12 @@ _DECODE_TILE_N_FP8 = 128
 # without the cap 11-18% slower; docs/benchmarks.md, issue 9, seventh pass). The 16-bit program (96 registers
 # split, 108 unsplit) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
+# Pipeline stages of the decode launches (Triton's `num_stages`; None: its default, 3). fp8 takes 2 (one K/V tile in
+# flight while one is computed): 1-2% faster at every fp8 shape measured on an H200 (batch 32 at 4K 96 -> 94.6 us, at
+# 32K 635 -> 628, batch 256 at 612 113.7 -> 111.6, at 1,024 171.6 -> 168.7), 1 stage 7-8% slower. 16-bit keeps 3:
+# 2 stages there were 5-8% slower at batch 256 (docs/benchmarks.md, issue 9, seventh pass).
+_DECODE_NUM_STAGES_FP8: int | None = 2
+_DECODE_NUM_STAGES_16: int | None = None
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 _DECODE_NUM_WARPS_16 = 4
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
@@ -885,6 +891,9 @@ def _decode_launch_options(fp8: bool) -> dict[str, int]:
     options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
+    stages = _DECODE_NUM_STAGES_FP8 if fp8 else _DECODE_NUM_STAGES_16
+    if stages:
+        options["num_stages"] = stages
     return options
 
 
