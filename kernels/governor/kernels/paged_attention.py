@@ -74,6 +74,11 @@ _DECODE_NUM_STAGES_FP8: int | None = 2
 _DECODE_NUM_STAGES_16: int | None = None
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 _DECODE_NUM_WARPS_16 = 4
+# Warps of a rotary_write_kv program with per-head RMSNorms (Qwen3): the norm's sum over head_dim then stays in one
+# warp (no shared-memory round trip). H200, qwen3-0.6b shape, 256 tokens, in a CUDA graph: 6.57 -> 4.93 us a call with
+# an fp8 cache, 6.52 -> 5.06 with bf16; without norms (llama3-8b shape) 1 warp was 1-3% slower, so those keep 4
+# (docs/benchmarks.md, issue 9, seventh pass).
+_ROTARY_QK_NORM_NUM_WARPS = 1
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
@@ -390,6 +395,7 @@ def rotary_write_kv(
         QK_NORM=q_norm is not None,
         FP8=fp8,
         INTERPRET=INTERPRET,
+        num_warps=_ROTARY_QK_NORM_NUM_WARPS if q_norm is not None else 4,
     )  # fmt: skip
     return q
 
