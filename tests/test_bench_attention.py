@@ -8,6 +8,7 @@ options run (batch limit, batch warm-up, progress log) and say when a figure is 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,20 @@ def test_hf_options_time_a_subset_and_say_so(hf_checkpoint, capsys: pytest.Captu
     assert "batch 0: 3 tokens at" in capsys.readouterr().out
     plain = run_hf(model, workload, "float32", "cpu", 2)
     assert "extrapolated" not in plain and plain["generated_tokens"] == 4 * 6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_time_call_leaves_the_hosts_time_out_of_the_events() -> None:
+    # Each call spends 2 ms on the host before a tiny kernel. Enqueued right after one another, a GPU that has
+    # caught up would wait those 2 ms between the call's events; enqueued while the GPU sleeps, it does not.
+    x = torch.zeros(1024, device="cuda")
+
+    def call() -> None:
+        time.sleep(0.002)
+        x.add_(1)
+
+    times = ba.time_call(call, torch.device("cuda"), 2, 20)
+    assert len(times) == 20
+    assert max(times) < 0.5, times  # ms: the kernel's few microseconds plus launch latency, not 2 ms
+    assert float(x[0]) == 2 + 1 + 20  # warm-up, the host measurement, the timed calls

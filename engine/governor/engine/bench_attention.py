@@ -38,6 +38,7 @@ import torch
 # torch.cuda._sleep spins for a number of GPU clock cycles; this rate overestimates no GPU here (an H200's
 # boost clock is 1.98 GHz), so a sleep lasts at least the seconds it was sized for.
 _SLEEP_CYCLES_PER_S = 2.0e9
+_SLEEP_TRIES = 3
 
 KV_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
              "fp32": torch.float32, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
@@ -113,7 +114,8 @@ def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[fl
     On CUDA the GPU sleeps while the host enqueues every timed call, so no event pair can take in host time:
     a short call's launches (Python, argument checks, two Triton launches when split) can take longer on the
     host than the call on the GPU, and a GPU that catches up with the host then idles between its own events.
-    Raises RuntimeError if the GPU woke before the host had enqueued the last call (the sleep was too short).
+    If the GPU woke before the host had enqueued the last call (the sleep was too short), the calls are timed again
+    under a longer sleep; RuntimeError after three tries.
     """
     for _ in range(warmup):
         fn()
@@ -128,26 +130,29 @@ def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[fl
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     torch.cuda.synchronize(device)
     # The host's time to enqueue one timed call (the GPU is idle, so nothing blocks it), then a sleep covering
-    # all of them with a margin.
+    # all of them with a margin; tripled on each retry (a host stalled by something else).
     t0 = time.perf_counter()
     flush.zero_()
     fn()
     host_s = time.perf_counter() - t0
     torch.cuda.synchronize(device)
-    awake = torch.cuda.Event()
-    torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * (0.01 + 3 * iters * host_s)))
-    awake.record()
-    for start, end in events:
-        flush.zero_()  # evicts L2 (50 MiB on an H100/H200); not inside the events
-        start.record()
-        fn()
-        end.record()
-    starved = awake.query()  # the GPU already past the sleep: some calls may have waited on the host
-    torch.cuda.synchronize(device)
-    if starved:
-        raise RuntimeError(f"time_call: the GPU caught up with the host ({iters} calls, {1e3 * host_s:.2f} ms of "
-                           "host time each); the timings could include host time")
-    return [s.elapsed_time(e) for s, e in events]
+    margin = 3.0
+    for _ in range(_SLEEP_TRIES):
+        awake = torch.cuda.Event()
+        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * (0.01 + margin * iters * host_s)))
+        awake.record()
+        for start, end in events:
+            flush.zero_()  # evicts L2 (50 MiB on an H100/H200); not inside the events
+            start.record()
+            fn()
+            end.record()
+        starved = awake.query()  # the GPU already past the sleep: some calls may have waited on the host
+        torch.cuda.synchronize(device)
+        if not starved:
+            return [s.elapsed_time(e) for s, e in events]
+        margin *= 3
+    raise RuntimeError(f"time_call: the GPU caught up with the host in {_SLEEP_TRIES} tries ({iters} calls, "
+                       f"{1e3 * host_s:.2f} ms of host time each); the timings would include host time")
 
 
 def bench_case(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, warmup: int, iters: int,
