@@ -171,28 +171,50 @@ def random_steps(seed: int, steps: int = 150) -> Iterator[tuple[ModelRunner, Sch
             advance(sched, out, rng)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["whole-rows", "packed-tables"])
 @pytest.mark.parametrize("merge_gap", [0, 1 << 30])  # a copy per used field; one copy of the whole span
 def test_one_buffer_upload_gives_each_device_field_what_per_field_copies_give(
-        merge_gap: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        merge_gap: int, packed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runner_module, "_MERGE_GAP_BYTES", merge_gap)
+    monkeypatch.setattr(runner_module, "_PACK_TABLES_MIN_SAVED_BYTES", 0 if packed else 1 << 40)
     addresses = None
     for runner, out in random_steps(seed=1):
         shape = runner.stage(out)
         runner._upload(shape)
-        t, b, nd, n = shape.num_tokens, shape.num_seqs, shape.num_decodes, shape.num_logits
+        t, b, nd, n, w = shape.num_tokens, shape.num_seqs, shape.num_decodes, shape.num_logits, shape.table_width
         h = runner.host
         expected = {"input_ids": h.input_ids[:t], "positions": h.positions[:t], "slots": h.slots[:t],
-                    "block_tables": h.block_tables[:b], "seq_lens": h.seq_lens[:b], "qsl": h.qsl[:b + 1],
+                    "seq_lens": h.seq_lens[:b], "qsl": h.qsl[:b + 1],
                     "logits_idx": h.logits_idx[:n], "prefill_qsl": h.qsl[nd:b + 1] - h.qsl[nd]}
         for name, want in expected.items():  # what `dst[:k].copy_(src[:k])` per field would leave
             np.testing.assert_array_equal(getattr(runner, name)[:len(want)].numpy(), want, err_msg=name)
-        assert (len(runner._upload_ranges(shape)) == 1) == bool(merge_gap)
+        # Packed, each row's first `width` entries (all any sequence of the step reads); else whole rows.
+        tables = runner.block_tables[:b, :w] if packed else runner.block_tables[:b]
+        np.testing.assert_array_equal(tables.numpy(), h.block_tables[:b, :tables.shape[1]])
+        assert runner._packs_tables(shape) == packed
+        ranges = runner._upload_ranges(shape, packed_tables=packed)
+        assert (len(ranges) == 1) == bool(merge_gap)
+        assert (ranges[-1][1] > runner.field_offsets["block_tables"]) == (not packed)
         # Every field is a fixed view of the one device buffer (the addresses CUDA graphs capture).
-        now = {name: getattr(runner, name).data_ptr() for name in expected}
+        now = {name: getattr(runner, name).data_ptr() for name in [*expected, "block_tables"]}
         assert addresses is None or now == addresses
         addresses = now
         base = runner.buffer.data_ptr()
         assert all(base <= p < base + runner.buffer.numel() for p in now.values())
+
+
+def test_packed_tables_leave_the_columns_past_the_widest_table_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The device rows keep what an earlier, wider step put there; only [:seqs, :width] is rewritten.
+    runner = make_runner()
+    runner.block_tables.fill_(-7)
+    runner.host.block_tables[:2, :3] = [[1, 2, 3], [4, 5, 6]]
+    runner.host.block_tables[:2, 3:] = 99  # stale host columns: not uploaded when packed
+    shape = StepShape(num_tokens=2, num_seqs=2, num_decodes=2, max_query_len=1, num_logits=2, table_width=3)
+    runner.host.qsl[:3] = [0, 1, 2]
+    monkeypatch.setattr(runner_module, "_PACK_TABLES_MIN_SAVED_BYTES", 0)
+    runner._upload(shape)
+    assert runner.block_tables[:2, :3].tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert (runner.block_tables[:2, 3:] == -7).all() and (runner.block_tables[2:] == -7).all()
 
 
 class RowsModel:
