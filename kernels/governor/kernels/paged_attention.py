@@ -62,23 +62,26 @@ _DECODE_TILE_N_FP8 = 128
 # compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM. Unsplit launches: 5%
 # faster at batch 256 (612 and 1,024 tokens) on an H200. Split launches take the cap since their split count fills
 # one wave of 4 programs per SM (`_choose_num_splits`): batch 32 at 4K 98.8 -> 95.6 us, at 32K 638 -> 630, batch 16
-# at 8K 108 -> 96, batch 8 at 4K 41.5 -> 35.8 (the cap with the old split count was 2-10% slower, fewer splits
-# without the cap 11-18% slower; docs/benchmarks.md, issue 9, seventh pass). The 16-bit program (96 registers
-# split, 108 unsplit) has no cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
+# at 8K 108 -> 96, batch 8 at 4K 41.5 -> 35.8. Alone, the cap was 13% faster where the split count stayed (batch 8 at
+# 4K, 1 at 32K) and 4-10% slower where the old count took 1.45 waves; fewer splits without the cap were 9-19% slower
+# (docs/benchmarks.md, issue 9, seventh pass). The 16-bit program (96 registers split, 108 unsplit) has no cap: 96 on
+# the int64 kernel of the time spilled and lost 20-25%.
 _DECODE_MAXNREG_FP8: int | None = 128
-# Pipeline stages of the decode launches (Triton's `num_stages`; None: its default, 3). fp8 takes 2 (one K/V tile in
-# flight while one is computed): 1-2% faster at every fp8 shape measured on an H200 (batch 32 at 4K 96 -> 94.6 us, at
-# 32K 635 -> 628, batch 256 at 612 113.7 -> 111.6, at 1,024 171.6 -> 168.7), 1 stage 7-8% slower. 16-bit keeps 3:
-# 2 stages there were 5-8% slower at batch 256 (docs/benchmarks.md, issue 9, seventh pass).
-_DECODE_NUM_STAGES_FP8: int | None = 2
-_DECODE_NUM_STAGES_16: int | None = None
+# Pipeline stages of the fp8 decode launches (Triton's `num_stages`, default 3): 2 (one K/V tile in flight while one
+# is computed) was 1-2% faster at every fp8 shape measured on an H200 (batch 32 at 4K 96 -> 94.6 us, at 32K 635 ->
+# 628, batch 256 at 612 113.7 -> 111.6, at 1,024 171.6 -> 168.7), 1 stage 5-8% slower. 16-bit launches keep the
+# default: 2 stages there were 5-8% slower at batch 256 (docs/benchmarks.md, issue 9, seventh pass).
+_DECODE_NUM_STAGES_FP8 = 2
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 _DECODE_NUM_WARPS_16 = 4
-# Warps of a rotary_write_kv program with per-head RMSNorms (Qwen3): the norm's sum over head_dim then stays in one
-# warp (no shared-memory round trip). H200, qwen3-0.6b shape, 256 tokens, in a CUDA graph: 6.57 -> 4.93 us a call with
-# an fp8 cache, 6.52 -> 5.06 with bf16; without norms (llama3-8b shape) 1 warp was 1-3% slower, so those keep 4
-# (docs/benchmarks.md, issue 9, seventh pass).
+# Warps of a rotary_write_kv program (one per token and head). With per-head RMSNorms (Qwen3) and at most
+# _ROTARY_ONE_WARP_MAX_TOKENS tokens, one: the norm's sum over head_dim then stays in one warp (no shared-memory round
+# trip). H200, qwen3-0.6b shape, in a CUDA graph: 256 tokens 6.57 -> 4.93 us a call with an fp8 cache, 6.52 -> 5.06
+# with bf16, 1 and 32 tokens equal or faster. Larger calls (prefill chunks) were not measured and keep 4, as do calls
+# without norms (llama3-8b shape: 1 warp 1-3% slower; docs/benchmarks.md, issue 9, seventh pass).
+_ROTARY_NUM_WARPS = 4
 _ROTARY_QK_NORM_NUM_WARPS = 1
+_ROTARY_ONE_WARP_MAX_TOKENS = 256
 _PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
 _MIN_DOT = 16
 
@@ -395,7 +398,8 @@ def rotary_write_kv(
         QK_NORM=q_norm is not None,
         FP8=fp8,
         INTERPRET=INTERPRET,
-        num_warps=_ROTARY_QK_NORM_NUM_WARPS if q_norm is not None else 4,
+        num_warps=_ROTARY_QK_NORM_NUM_WARPS if q_norm is not None and t <= _ROTARY_ONE_WARP_MAX_TOKENS
+        else _ROTARY_NUM_WARPS,
     )  # fmt: skip
     return q
 
@@ -897,9 +901,8 @@ def _decode_launch_options(fp8: bool) -> dict[str, int]:
     options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
-    stages = _DECODE_NUM_STAGES_FP8 if fp8 else _DECODE_NUM_STAGES_16
-    if stages:
-        options["num_stages"] = stages
+    if fp8:
+        options["num_stages"] = _DECODE_NUM_STAGES_FP8
     return options
 
 
