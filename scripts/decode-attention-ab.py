@@ -36,12 +36,10 @@ from governor.engine.bench_throughput import hardware
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
-        "cap-down": {"_DECODE_MAXNREG_FP8_SPLIT": 128, "_SPLIT_ROUND_DOWN_FP8": True},
-        "cap-up": {"_DECODE_MAXNREG_FP8_SPLIT": 128},
-        "down": {"_SPLIT_ROUND_DOWN_FP8": True},
+        "3-stages": {"_DECODE_NUM_STAGES_FP8": 3},
     },
     "bf16": {
-        "w4": {},
+        "cur": {},
     },
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),

@@ -7,6 +7,7 @@ options run (batch limit, batch warm-up, progress log) and say when a figure is 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -104,7 +105,32 @@ def test_gpu_time_call_leaves_the_hosts_time_out_of_the_events() -> None:
         time.sleep(0.002)
         x.add_(1)
 
-    times = ba.time_call(call, torch.device("cuda"), 2, 20)
-    assert len(times) == 20
+    times = ba.time_call(call, torch.device("cuda"), 2, 70)  # two chunks
+    assert len(times) == 70
     assert max(times) < 0.5, times  # ms: the kernel's few microseconds plus launch latency, not 2 ms
-    assert float(x[0]) == 2 + 1 + 20  # warm-up, the host measurement, the timed calls
+    assert float(x[0]) >= 2 + 1 + 70  # warm-up, the host measurement, the timed calls (and any retried chunk)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_time_call_refuses_timings_the_host_got_into(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ba, "_SLEEP_CYCLES_PER_S", 0.0)  # no sleep: the GPU keeps up with a 2 ms host
+    x = torch.zeros(1, device="cuda")
+
+    def call() -> None:
+        time.sleep(0.002)
+        x.add_(1)
+
+    with pytest.raises(RuntimeError, match="caught up with the host"):
+        ba.time_call(call, torch.device("cuda"), 1, 5)
+
+
+def test_the_attention_ab_scripts_variants_set_settings_the_kernel_module_has() -> None:
+    # scripts/decode-attention-ab.py reads each setting's default before timing; a renamed one would fail on the GPU.
+    spec = importlib.util.spec_from_file_location("decode_attention_ab", Path(__file__).parents[1] / "scripts" /
+                                                  "decode-attention-ab.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    names = {name for group in script.GROUPS.values() for v in group.values() for name in v}
+    assert names and all(hasattr(pa, name) for name in names), names

@@ -39,6 +39,7 @@ import torch
 # boost clock is 1.98 GHz), so a sleep lasts at least the seconds it was sized for.
 _SLEEP_CYCLES_PER_S = 2.0e9
 _SLEEP_TRIES = 3
+_SLEEP_CHUNK = 64  # timed calls behind one sleep: a few launches each, far below CUDA's pending-launch queue
 
 KV_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
              "fp32": torch.float32, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
@@ -111,35 +112,44 @@ def effective_num_splits(case: AttentionCase, device: torch.device) -> int:
 def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:
     """Milliseconds of each of `iters` calls of `fn` after `warmup` calls (CUDA: events, L2 flushed first).
 
-    On CUDA the GPU sleeps while the host enqueues every timed call, so no event pair can take in host time:
-    a short call's launches (Python, argument checks, two Triton launches when split) can take longer on the
-    host than the call on the GPU, and a GPU that catches up with the host then idles between its own events.
-    If the GPU woke before the host had enqueued the last call (the sleep was too short), the calls are timed again
-    under a longer sleep; RuntimeError after three tries.
+    On CUDA the GPU sleeps while the host enqueues the timed calls, so no event pair can take in host time: a
+    short call's launches (Python, argument checks, two Triton launches when split) can take longer on the host
+    than the call on the GPU, and a GPU that catches up with the host then idles between its own events. The calls
+    go in chunks of at most `_SLEEP_CHUNK`, one sleep each, so the launch queue never fills while the GPU sleeps.
+    If the GPU wakes before the host has enqueued a chunk's last call (a stalled host), the chunk is timed again
+    under a sleep three times longer; RuntimeError after `_SLEEP_TRIES` tries. `fn` must not synchronize with the
+    GPU (that always wakes it).
     """
     for _ in range(warmup):
         fn()
+    times: list[float] = []
     if device.type != "cuda":
-        times = []
         for _ in range(iters):
             t0 = time.perf_counter()
             fn()
             times.append(1e3 * (time.perf_counter() - t0))
         return times
     flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
     torch.cuda.synchronize(device)
-    # The host's time to enqueue one timed call (the GPU is idle, so nothing blocks it), then a sleep covering
-    # all of them with a margin; tripled on each retry (a host stalled by something else).
+    # The host's time to enqueue one timed call (the GPU is idle, so nothing blocks it).
     t0 = time.perf_counter()
     flush.zero_()
     fn()
     host_s = time.perf_counter() - t0
     torch.cuda.synchronize(device)
+    while len(times) < iters:
+        n = min(_SLEEP_CHUNK, iters - len(times))
+        times += _time_chunk(fn, flush, n, host_s)
+    return times
+
+
+def _time_chunk(fn: Any, flush: torch.Tensor, n: int, host_s: float) -> list[float]:
+    """`n` calls of `time_call`, enqueued behind one GPU sleep."""
     margin = 3.0
     for _ in range(_SLEEP_TRIES):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         awake = torch.cuda.Event()
-        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * (0.01 + margin * iters * host_s)))
+        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * (0.01 + margin * n * host_s)))
         awake.record()
         for start, end in events:
             flush.zero_()  # evicts L2 (50 MiB on an H100/H200); not inside the events
@@ -147,11 +157,11 @@ def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[fl
             fn()
             end.record()
         starved = awake.query()  # the GPU already past the sleep: some calls may have waited on the host
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize()
         if not starved:
             return [s.elapsed_time(e) for s, e in events]
         margin *= 3
-    raise RuntimeError(f"time_call: the GPU caught up with the host in {_SLEEP_TRIES} tries ({iters} calls, "
+    raise RuntimeError(f"time_call: the GPU caught up with the host in {_SLEEP_TRIES} tries ({n} calls, "
                        f"{1e3 * host_s:.2f} ms of host time each); the timings would include host time")
 
 
