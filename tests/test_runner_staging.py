@@ -192,7 +192,7 @@ def test_one_buffer_upload_gives_each_device_field_what_per_field_copies_give(
         tables = runner.block_tables[:b, :w] if packed else runner.block_tables[:b]
         np.testing.assert_array_equal(tables.numpy(), h.block_tables[:b, :tables.shape[1]])
         assert runner._packs_tables(shape) == packed
-        ranges = runner._upload_ranges(shape, packed_tables=packed)
+        ranges = runner._upload_ranges(shape)
         assert (len(ranges) == 1) == bool(merge_gap)
         assert (ranges[-1][1] > runner.field_offsets["block_tables"]) == (not packed)
         # Every field is a fixed view of the one device buffer (the addresses CUDA graphs capture).
@@ -205,16 +205,23 @@ def test_one_buffer_upload_gives_each_device_field_what_per_field_copies_give(
 
 def test_packed_tables_leave_the_columns_past_the_widest_table_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
     # The device rows keep what an earlier, wider step put there; only [:seqs, :width] is rewritten.
+    monkeypatch.setattr(runner_module, "_PACK_TABLES_MIN_SAVED_BYTES", 0)
     runner = make_runner()
     runner.block_tables.fill_(-7)
     runner.host.block_tables[:2, :3] = [[1, 2, 3], [4, 5, 6]]
     runner.host.block_tables[:2, 3:] = 99  # stale host columns: not uploaded when packed
     shape = StepShape(num_tokens=2, num_seqs=2, num_decodes=2, max_query_len=1, num_logits=2, table_width=3)
     runner.host.qsl[:3] = [0, 1, 2]
-    monkeypatch.setattr(runner_module, "_PACK_TABLES_MIN_SAVED_BYTES", 0)
     runner._upload(shape)
     assert runner.block_tables[:2, :3].tolist() == [[1, 2, 3], [4, 5, 6]]
     assert (runner.block_tables[:2, 3:] == -7).all() and (runner.block_tables[2:] == -7).all()
+
+
+def test_small_tables_never_pack_and_allocate_no_packing_buffers() -> None:
+    # 8 rows of 16 entries: whole rows can never add 256 KiB.
+    runner = make_runner()
+    assert runner.packed_tables is None and runner.h_packed_tables is None
+    assert not runner._packs_tables(StepShape(1, 8, 8, 1, 8, 1))
 
 
 class RowsModel:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import governor.engine.llm_engine as llm_engine
+import governor.engine.runner as runner_module
 from governor.engine import LLM, SamplingParams
 from governor.engine.config import Knobs
 from governor.engine.kv.block_pool import BlockPool
@@ -137,3 +138,30 @@ def test_a_decode_at_a_block_boundary_takes_a_block_and_preempts_when_none_is_fr
     assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(old, 1)]
     assert old.block_table and len(old.block_table) == 2 and new.block_table == []
     assert sched.num_preemptions == 1 and list(sched.waiting) == [new]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_block_tables_packed_to_the_steps_width_give_the_tokens_of_whole_rows(
+        hf_checkpoint, monkeypatch: pytest.MonkeyPatch, device: str, async_scheduling: bool) -> None:
+    """Packing is forced on every step (threshold 0) against never; on CUDA the decode steps replay CUDA graphs,
+    whose block-table rows the packed upload scatters into."""
+    prompts = mixed_prompts(6, seed=31)
+    tokens = {}
+    for packed in (False, True):
+        monkeypatch.setattr(runner_module, "_PACK_TABLES_MIN_SAVED_BYTES", 0 if packed else 1 << 40)
+        llm = LLM(str(hf_checkpoint("qwen3")), dtype="float32", max_model_len=256, device=device,
+                  async_scheduling=async_scheduling)
+        runner = llm.engine.runner
+        decisions: list[bool] = []
+        inner = runner._packs_tables
+
+        def packs(shape: Any, inner: Any = inner, decisions: list[bool] = decisions) -> bool:
+            decisions.append(inner(shape))
+            return decisions[-1]
+        runner._packs_tables = packs  # type: ignore[method-assign]
+        tokens[packed] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(20))]
+        llm.close()
+        assert decisions and set(decisions) == {packed}
+    assert tokens[True] == tokens[False]

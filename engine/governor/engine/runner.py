@@ -29,10 +29,11 @@ _ALIGN = 256  # byte alignment of each field in the staging buffers (as the CUDA
 # ~256 KiB takes over PCIe (a few microseconds). So a decode step is one copy.
 _MERGE_GAP_BYTES = 256 * 1024
 # A step's block tables go up as whole rows (max_blocks_per_seq entries each) unless the columns past the step's
-# widest table would add at least this many bytes: then only its [seqs, width] part is packed on the host, copied,
-# and scattered into the rows on the device. On an H200, qwen3-0.6b's default 40,960-token context made the whole
-# rows 2.6 MB a step at batch 256, ~50 us of PCIe copy on the compute stream (docs/benchmarks.md, issue 9).
-_PACK_TABLES_MIN_SAVED_BYTES = 256 * 1024
+# widest table would add at least this many bytes: then only its [seqs, width] part is packed on the host, copied
+# (a second copy) and scattered into the rows on the device. The same trade-off as _MERGE_GAP_BYTES: a copy costs the
+# host about what that many bytes cost over PCIe. qwen3-0.6b's default 40,960-token context made the whole rows 2.6
+# MB a step at batch 256, ~50 us of copy on the compute stream (docs/benchmarks.md, issue 9, seventh pass).
+_PACK_TABLES_MIN_SAVED_BYTES = _MERGE_GAP_BYTES
 
 
 @dataclass
@@ -107,9 +108,14 @@ class ModelRunner:
             size += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
         self.h_buffer = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
         self.buffer = torch.zeros(size, dtype=torch.uint8, device=device)
-        # A step's block tables packed to its widest table (`_upload`), on the host and on the device.
-        self.h_packed_tables = torch.zeros(max_num_seqs * self.max_blocks_per_seq, dtype=torch.int32, pin_memory=pin)
-        self.packed_tables = torch.zeros(max_num_seqs * self.max_blocks_per_seq, dtype=torch.int32, device=device)
+        # A step's block tables packed to its widest table (`_upload`), on the host and on the device; allocated
+        # only where whole rows can be large enough for packing to pay.
+        n_entries = max_num_seqs * self.max_blocks_per_seq
+        self.h_packed_tables: np.ndarray | None = None
+        self.packed_tables: torch.Tensor | None = None
+        if 4 * n_entries >= _PACK_TABLES_MIN_SAVED_BYTES:
+            self.h_packed_tables = torch.zeros(n_entries, dtype=torch.int32, pin_memory=pin).numpy()
+            self.packed_tables = torch.zeros(n_entries, dtype=torch.int32, device=device)
 
         def view(buf: torch.Tensor, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
             start = self.field_offsets[name]
@@ -262,14 +268,14 @@ class ModelRunner:
         device), the real rows' token ids are then gathered from it on the device."""
         h, b, nd = self.host, shape.num_seqs, shape.num_decodes
         np.subtract(h.qsl[nd:b + 1], h.qsl[nd], out=h.prefill_qsl[:b + 1 - nd])
-        packed = self._packs_tables(shape)
-        for start, end in self._upload_ranges(shape, feed is not None, packed):
+        for start, end in self._upload_ranges(shape, feed is not None):
             self.buffer[start:end].copy_(self.h_buffer[start:end], non_blocking=True)
-        if packed and b * shape.table_width:
+        if self._packs_tables(shape) and b * shape.table_width:
+            assert self.h_packed_tables is not None and self.packed_tables is not None
             # Columns past the widest table are left as they are on the device: no sequence reads them.
             n, w = b * shape.table_width, shape.table_width
-            np.copyto(self.h_packed_tables[:n].numpy().reshape(b, w), h.block_tables[:b, :w])
-            self.packed_tables[:n].copy_(self.h_packed_tables[:n], non_blocking=True)
+            np.copyto(self.h_packed_tables[:n].reshape(b, w), h.block_tables[:b, :w])
+            self.packed_tables[:n].copy_(torch.from_numpy(self.h_packed_tables[:n]), non_blocking=True)
             self.block_tables[:b, :w].copy_(self.packed_tables[:n].view(b, w), non_blocking=True)
         if self.device.type == "cuda":
             if self._uploaded is None:
@@ -281,18 +287,19 @@ class ModelRunner:
 
     def _packs_tables(self, shape: StepShape) -> bool:
         """Whether the step's block tables go up packed to its widest table (`_PACK_TABLES_MIN_SAVED_BYTES`)."""
-        return 4 * shape.num_seqs * (self.max_blocks_per_seq - shape.table_width) >= _PACK_TABLES_MIN_SAVED_BYTES
+        saved = 4 * shape.num_seqs * (self.max_blocks_per_seq - shape.table_width)
+        return self.packed_tables is not None and saved >= _PACK_TABLES_MIN_SAVED_BYTES
 
-    def _upload_ranges(self, shape: StepShape, fed: bool = False, packed_tables: bool = False
-                       ) -> list[tuple[int, int]]:
+    def _upload_ranges(self, shape: StepShape, fed: bool = False) -> list[tuple[int, int]]:
         """Byte ranges of the staging buffer a step uses, neighbours merged across gaps of at most
-        `_MERGE_GAP_BYTES`. `fed`: the step's token ids come from `feed_rows`; `packed_tables`: the block
-        tables go up apart (`_upload`)."""
+        `_MERGE_GAP_BYTES`; the block tables only when they go up as whole rows (`_packs_tables`). `fed`: the
+        step's token ids come from `feed_rows` (`_upload`)."""
         t, b = shape.num_tokens, shape.num_seqs
+        whole_rows = not self._packs_tables(shape)
         used = (("seq_lens", 4 * b), ("qsl", 4 * (b + 1)), ("prefill_qsl", 4 * (b + 1 - shape.num_decodes)),
                 ("logits_idx", 8 * shape.num_logits), ("feed_rows", 8 * shape.num_logits if fed else 0),
                 ("input_ids", 8 * t), ("positions", 8 * t),
-                ("slots", 8 * t), ("block_tables", 0 if packed_tables else 4 * b * self.max_blocks_per_seq))
+                ("slots", 8 * t), ("block_tables", 4 * b * self.max_blocks_per_seq if whole_rows else 0))
         ranges: list[tuple[int, int]] = []
         for name, nbytes in used:
             if not nbytes:
