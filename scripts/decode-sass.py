@@ -5,11 +5,12 @@ instruction mix of its main loop (issue 9).
                                    [--num-warps W] [--num-stages S] [--maxnreg R] [--offsets-64]
                                    [--split/--no-split] [--top 25]
 
-Compiles `_decode_kernel` with Triton for sm_90a (the pointer and stride arguments marked 16-divisible, as Triton's
-launcher specializes them at run time), runs the ptxas and nvdisasm that ship with Triton, and prints the registers,
-spill bytes and shared memory of the compiled kernel and a histogram of the SASS instructions in its longest loop
-(the loop over K/V tiles): per-tile instruction counts per warp. Needs no CUDA device; the numbers are the compiler's,
-not a measurement of time.
+Warps, stages and register cap default to what `paged_decode_attention` launches with for the dtype
+(`_decode_launch_options`). Compiles `_decode_kernel` with Triton for sm_90a (the pointer and stride arguments
+marked 16-divisible, as Triton's launcher specializes them at run time), runs the ptxas and nvdisasm that ship with
+Triton, and prints the registers, spill bytes and shared memory of the compiled kernel and a histogram of the SASS
+instructions in its longest loop (the loop over K/V tiles): per-tile instruction counts per warp. Needs no CUDA
+device; the numbers are the compiler's, not a measurement of time.
 """
 
 from __future__ import annotations
@@ -104,15 +105,19 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="query heads per kv head")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-warps", type=int, default=4)
-    ap.add_argument("--num-stages", type=int, default=3)
-    ap.add_argument("--maxnreg", type=int)
+    ap.add_argument("--num-warps", type=int, help="default: what the kernel launches with for the dtype")
+    ap.add_argument("--num-stages", type=int, help="default: as launched (Triton's 3 unless the kernel sets it)")
+    ap.add_argument("--maxnreg", type=int, help="default: as launched; 0: the compiler's choice")
     ap.add_argument("--offsets-64", action="store_true", help="int64 cache offsets (a cache of 2^31+ elements)")
     ap.add_argument("--split", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     if args.tile is None:
         args.tile = pa._DECODE_TILE_N_FP8 if args.kv_dtype == "fp8" else pa._TILE_N
+    launch = pa._decode_launch_options(args.kv_dtype == "fp8")
+    args.num_warps = args.num_warps or launch["num_warps"]
+    args.num_stages = args.num_stages or launch.get("num_stages", 3)
+    args.maxnreg = launch.get("maxnreg") if args.maxnreg is None else args.maxnreg or None
     kernel = compile_decode(args)
     regs, spill_st, spill_ld = ptxas_usage(kernel.asm["ptx"], args.maxnreg)
     ops = loop_histogram(kernel.asm["cubin"])

@@ -1,9 +1,12 @@
-"""rotary_write_kv variants on a GPU: 50 calls captured in a CUDA graph, replayed 20 times; us a call (median).
+"""rotary_write_kv variants on a GPU: us a call, 50 calls captured in a CUDA graph (`graph_us_per_call`).
 
     python3 rotary_bench.py OUT.json per-token   # call 7: needs rotary-per-token-d456666.patch applied
     python3 rotary_bench.py OUT.json qk-norm     # call 8: the landed code (fbf173c), 4 warps against 1
 
-"identical" compares each variant's outputs (rotated q, K and V caches) with the set's first variant, bit for bit.
+The figures in rotary.json and rotary_check.json came from an earlier copy of this script that timed its own graph
+(median of 20 replays of the 50 calls, and their minimum); it now uses the project's `graph_us_per_call` (mean over
+5 replays), so a rerun reports no "us_min". "identical" compares each variant's outputs (rotated q, K and V caches)
+with the set's first variant, bit for bit.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import torch
 
 import governor.kernels.paged_attention as pa
+from governor.engine.bench_latency import graph_us_per_call
 
 SETS: dict[str, tuple[dict[str, dict[str, Any]], list[tuple[str, int, int, int, bool, str]]]] = {
     "per-token": (
@@ -34,32 +38,6 @@ SETS: dict[str, tuple[dict[str, dict[str, Any]], list[tuple[str, int, int, int, 
         [("qwen3-0.6b", t, 16, 8, True, kv) for t in (1, 32, 256) for kv in ("fp8", "bf16")],
     ),
 }
-
-
-def graph_us(call: Any, calls: int = 50, replays: int = 20) -> tuple[float, float]:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(calls):
-                call()
-    torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2], times[0]
 
 
 def main() -> None:
@@ -95,9 +73,8 @@ def main() -> None:
             outputs = (qkv.clone(), k_cache.float(), v_cache.float())
             first = first or outputs
             identical = all(torch.equal(a, b) for a, b in zip(outputs, first, strict=True))
-            us, us_min = graph_us(call)
-            row = {"shape": shape, "t": t, "kv": kv, "variant": name, "us": us, "us_min": us_min,
-                   "identical": identical}
+            row = {"shape": shape, "t": t, "kv": kv, "variant": name,
+                   "us": graph_us_per_call(lambda _i, call=call: call(), 50), "identical": identical}
             rows.append(row)
             print(json.dumps(row), flush=True)
     with open(out_path, "w") as f:
