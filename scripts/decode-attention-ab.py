@@ -33,10 +33,18 @@ from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, ti
 from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench_throughput import hardware
 
+# Split launches as the unsplit ones: 1 warp, 64-key tiles, no register cap.
+_W1 = {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_DECODE_MAXNREG_FP8": None}
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
-        "3-stages": {"_DECODE_NUM_STAGES_FP8": 3},
+        "u-4w": {"_DECODE_UNSPLIT_NUM_WARPS_FP8": 4, "_DECODE_UNSPLIT_TILE_N_FP8": 128,
+                 "_DECODE_UNSPLIT_MAXNREG_FP8": 128},
+        "a1-p10": {**_W1, "_PROGRAMS_PER_SM_FP8": 10},
+        "a1-p20": {**_W1, "_PROGRAMS_PER_SM_FP8": 20},
+        "a1-p32-m256": {**_W1, "_PROGRAMS_PER_SM_FP8": 32, "_SPLIT_MIN_PARTITION": 256},
+        "a2-p6": {"_DECODE_NUM_WARPS_FP8": 2, "_DECODE_TILE_N_FP8": 64, "_DECODE_MAXNREG_FP8": None,
+                  "_PROGRAMS_PER_SM_FP8": 6},
     },
     "bf16": {
         "cur": {},
@@ -61,6 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--groups", default="fp8,bf16")
+    parser.add_argument("--cases", default="", help="only the shapes whose batch is in this comma list")
     parser.add_argument("--baseline", help="another paged_attention.py to time as the variant 'baseline'")
     args = parser.parse_args()
     baseline = None
@@ -79,6 +88,8 @@ def main() -> None:
     for group in args.groups.split(","):
         variants = GROUPS[group]
         for batch, context, hq, hkv in SHAPES:
+            if args.cases and str(batch) not in args.cases.split(","):
+                continue
             case = AttentionCase(batch, context, hq, hkv, 128, group)
             x = _inputs(case, torch.bfloat16, device, seed=0)
             scale = 1 / math.sqrt(case.head_dim)

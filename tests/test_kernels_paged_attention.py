@@ -372,17 +372,42 @@ def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.Monkey
     _prefill_against_ref(case, [1, 16, 20, 3], 8, fp8=quantized, q_dtype=q_dtype)
 
 
-def test_decode_register_cap_applies_to_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_register_cap_applies_to_split_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pa, "INTERPRET", False)
-    assert pa._decode_launch_options(fp8=True)["maxnreg"] == pa._DECODE_MAXNREG_FP8
-    assert "maxnreg" not in pa._decode_launch_options(fp8=False)
+    assert pa._decode_launch_options(fp8=True, split=True)["maxnreg"] == pa._DECODE_MAXNREG_FP8
+    assert pa._DECODE_UNSPLIT_MAXNREG_FP8 is None  # unsplit: the compiler's count (a cap of 168 spilled)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=True, split=False)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=False, split=True)
     monkeypatch.setattr(pa, "INTERPRET", True)  # the interpreter takes no register cap
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=True, split=True)
 
 
-def test_decode_pipeline_stages_are_set_for_fp8_launches_only() -> None:
-    assert pa._decode_launch_options(fp8=True)["num_stages"] == pa._DECODE_NUM_STAGES_FP8
-    assert "num_stages" not in pa._decode_launch_options(fp8=False)  # Triton's default
+def test_fp8_decode_launches_take_warps_and_tiles_by_split_and_16_bit_ones_one_setting() -> None:
+    split, unsplit = (pa._decode_launch_options(fp8=True, split=s) for s in (True, False))
+    assert (split["num_warps"], pa._decode_tile(True, True)) == (pa._DECODE_NUM_WARPS_FP8, pa._DECODE_TILE_N_FP8)
+    assert (unsplit["num_warps"], pa._decode_tile(True, False)) == (pa._DECODE_UNSPLIT_NUM_WARPS_FP8,
+                                                                     pa._DECODE_UNSPLIT_TILE_N_FP8)
+    assert split["num_stages"] == unsplit["num_stages"] == pa._DECODE_NUM_STAGES_FP8
+    for s in (True, False):
+        assert pa._decode_launch_options(fp8=False, split=s) == {"num_warps": pa._DECODE_NUM_WARPS_16}  # 3 stages
+        assert pa._decode_tile(False, s) == pa._TILE_N
+    # Tiles stay whole multiples of the partition alignment's divisors (a tile may run past a partition: masked).
+    assert pa._TILE_N % pa._DECODE_UNSPLIT_TILE_N_FP8 == 0 or pa._DECODE_UNSPLIT_TILE_N_FP8 % pa._TILE_N == 0
+
+
+@needs_triton
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["unsplit", "split"])
+def test_fp8_decode_launches_run_the_settings_of_their_split(monkeypatch: pytest.MonkeyPatch, num_splits: int) -> None:
+    decode = LaunchSpy(pa._decode_kernel)
+    monkeypatch.setattr(pa, "_decode_kernel", decode)
+    # Contexts across both tile sizes' boundaries, GQA 4 over 2 kv heads, bf16 q as the engine runs it.
+    case = PagedCase([1, 63, 64, 65, 129, 300], 2, 32, 16, torch.float32, spare_table_entries=4)
+    _decode_against_ref(case, 8, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
+    (launch,) = decode.launches
+    split = num_splits > 1
+    assert launch["SPLIT"] is split
+    assert launch["TILE_N"] == pa._decode_tile(True, split)
+    assert launch["num_warps"] == pa._decode_launch_options(True, split)["num_warps"]
 
 
 def test_fp8_split_counts_fit_one_wave_and_16_bit_ones_fill_the_target() -> None:

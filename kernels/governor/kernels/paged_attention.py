@@ -53,14 +53,14 @@ _FP8_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # q/out dtypes o
 
 # Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
 _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
-# Decode over an fp8 cache: a tile of half the bytes, so it takes twice the keys a step (a multiple of
+# Split decode over an fp8 cache (4 warps): a tile of half the bytes, so it takes twice the keys a step (a multiple of
 # _TILE_N; a tile may run past a _TILE_N-aligned partition's end: masked). On an H100 (docs/benchmarks.md,
 # issue 9), against 64 keys: batch 256 at 1K context 66% -> 79% of HBM copy bandwidth, batch 32 at 4K
 # 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat 8 on every fp8 shape measured.
 _DECODE_TILE_N_FP8 = 128
-# Registers per thread of a decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's choice). It
-# compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM. Unsplit launches: 5%
-# faster at batch 256 (612 and 1,024 tokens) on an H200. Split launches take the cap since their split count fills
+# Registers per thread of a split decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's choice).
+# It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM (when unsplit launches
+# ran 4 warps too, 5% faster there at batch 256 on an H200). Split launches take the cap since their split count fills
 # one wave of 4 programs per SM (`_choose_num_splits`): batch 32 at 4K 98.8 -> 95.6 us, at 32K 638 -> 630, batch 16
 # at 8K 108 -> 96, batch 8 at 4K 41.5 -> 35.8. Alone, the cap was 13% faster where the split count stayed (batch 8 at
 # 4K, 1 at 32K) and 4-10% slower where the old count took 1.45 waves; fewer splits without the cap were 9-19% slower
@@ -73,6 +73,16 @@ _DECODE_MAXNREG_FP8: int | None = 128
 # default: 2 stages there were 5-8% slower at batch 256 (docs/benchmarks.md, issue 9, seventh pass).
 _DECODE_NUM_STAGES_FP8 = 2
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
+# Unsplit fp8 launches (enough (seq, kv head) programs to fill the GPU, as in large decode batches) run 1 warp over
+# 64-key tiles with the compiler's register count (181 for sm_90; capped at 168 it spills and lost 30%). A warp owns
+# the whole tile: no cross-warp max/sum or P exchange through shared memory (2,056 loop instructions per 64 keys against
+# 1,201 per 128 for 4 warps, 8.0 against 6.8 bytes per instruction). H200, qwen3-0.6b heads (16:8) at batch 256:
+# 612 tokens 112.5 -> 110.4 us, 1,024 tokens 170.2 -> 165.4 us; offline throughput (256 x 100 -> 1,024, fp8 KV)
+# 54.9K -> 57.2-57.9K tok/s in one process. 2 warps or 32-key tiles were slower than 4 warps (docs/benchmarks.md,
+# issue 9, eighth pass). Split launches (few, long sequences) keep the settings above.
+_DECODE_UNSPLIT_NUM_WARPS_FP8 = 1
+_DECODE_UNSPLIT_TILE_N_FP8 = 64
+_DECODE_UNSPLIT_MAXNREG_FP8: int | None = None
 _DECODE_NUM_WARPS_16 = 4
 # Warps of a rotary_write_kv program (one per token and head). With per-head RMSNorms (Qwen3) and at most
 # _ROTARY_ONE_WARP_MAX_TOKENS tokens, one: the norm's sum over head_dim then stays in one warp (no shared-memory round
@@ -874,7 +884,7 @@ def paged_decode_attention(
         GROUP=group,
         GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
-        TILE_N=_DECODE_TILE_N_FP8 if fp8 else _TILE_N,
+        TILE_N=_decode_tile(fp8, split),
         HEAD_DIM=head_dim,
         SPLIT=split,
         TILE_ALIGN=_TILE_N,
@@ -883,7 +893,7 @@ def paged_decode_attention(
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
         OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
-        **_decode_launch_options(fp8),
+        **_decode_launch_options(fp8, split),
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -896,13 +906,22 @@ def paged_decode_attention(
     return out
 
 
-def _decode_launch_options(fp8: bool) -> dict[str, int]:
-    maxnreg = _DECODE_MAXNREG_FP8 if fp8 else None
-    options = {"num_warps": _DECODE_NUM_WARPS_FP8 if fp8 else _DECODE_NUM_WARPS_16}
+def _decode_tile(fp8: bool, split: bool) -> int:
+    """Keys per inner-loop step of a decode launch over a cache of that dtype, split or not."""
+    if not fp8:
+        return _TILE_N
+    return _DECODE_TILE_N_FP8 if split else _DECODE_UNSPLIT_TILE_N_FP8
+
+
+def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
+    """Triton launch options (warps, stages, register cap) of a decode launch over a cache of that dtype."""
+    if not fp8:
+        return {"num_warps": _DECODE_NUM_WARPS_16}
+    warps, maxnreg = ((_DECODE_NUM_WARPS_FP8, _DECODE_MAXNREG_FP8) if split
+                      else (_DECODE_UNSPLIT_NUM_WARPS_FP8, _DECODE_UNSPLIT_MAXNREG_FP8))
+    options = {"num_warps": warps, "num_stages": _DECODE_NUM_STAGES_FP8}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
-    if fp8:
-        options["num_stages"] = _DECODE_NUM_STAGES_FP8
     return options
 
 
