@@ -36,3 +36,26 @@ def test_warm_up_leaves_no_trace(hf_checkpoint, settings: dict[str, Any]) -> Non
     assert engine.block_pool.num_used == 0 and engine.block_pool.num_cached == 0
     engine.block_pool.check_invariants()
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(10))] == expected
+
+
+def test_warm_up_reaches_the_token_budget_with_one_many_and_mixed_sequences(hf_checkpoint) -> None:
+    # The first full-size steps of a process cost more than later ones (issue 9): the warm-up runs steps of the
+    # hard token budget -- one sequence's chunk, several prompts, decodes beside a chunk -- where they fit.
+    llm = LLM(str(hf_checkpoint("qwen3")), dtype="float32", max_model_len=128, max_num_batched_tokens=48,
+              max_num_seqs=8, block_size=4)
+    engine = llm.engine
+    steps: list[tuple[int, int, int]] = []  # (tokens, sequences, decodes)
+    inner = engine._execute
+
+    def execute(out: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens = sum(s.num_new_tokens for s in out.scheduled)
+        decodes = sum(1 for s in out.scheduled if s.seq.num_computed_tokens > 0)
+        steps.append((tokens, len(out.scheduled), decodes))
+        return inner(out, *args, **kwargs)
+    engine._execute = execute  # type: ignore[method-assign]
+    engine._warm_up_kernels()
+    at_budget = [s for s in steps if s[0] == 48]
+    assert (48, 1, 0) in at_budget  # one sequence's chunk
+    assert (48, 8, 0) in at_budget  # as many prompts as max_num_seqs allows (<= 64)
+    assert (48, 8, 7) in at_budget  # 7 decodes beside one 41-token chunk
+    assert max(s[0] for s in steps) == 48 and max(s[1] for s in steps) <= 8

@@ -217,13 +217,15 @@ class LLMEngine:
         Triton compiles a kernel once per specialization: besides its constexprs, each integer argument
         is told apart as 1, a multiple of 16, or neither. Decode steps are compiled by the graph capture;
         these throwaway steps give the eager ones -- prefill chunks alone and after decodes, one and
-        several sequences -- token and sequence counts of each kind. Their blocks come from the pool and
-        go back to it unhashed (what they write there is never read); no counter moves. A step that does
-        not fit the hard caps, max_model_len or the free blocks is left out."""
+        several sequences -- token and sequence counts of each kind. Then steps at the token budget
+        (`_budget_steps`), so that the one-time costs of a full-size step are paid here too. Their blocks
+        come from the pool and go back to it unhashed (what they write there is never read); no counter
+        moves. A step that does not fit the hard caps, max_model_len or the free blocks is left out."""
         t0 = time.perf_counter()
         params = SamplingParams(temperature=0.0, max_tokens=1)
         # (decodes, prefill chunk lengths): decodes are 6-token sequences with their last token to compute.
         steps = [(0, (32,)), (0, (33,)), (0, (17, 16)), (1, (16,)), (3, (29,)), (16, (17,)), (16, (16,))]
+        steps += self._budget_steps()
         for num_decodes, prefills in steps:
             scheduled = []
             for _ in range(num_decodes):
@@ -246,6 +248,25 @@ class LLMEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         log.info("kernels of prefill and mixed steps compiled in %.1f s", time.perf_counter() - t0)
+
+    def _budget_steps(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Warm-up steps of the hard token budget (decodes, prefill chunk lengths): one sequence's chunk,
+        up to 64 sequences' prompts, and a decode batch beside one chunk. The first full-size steps of a
+        process cost more than later ones: on an H200 (qwen3-0.6b shape, 256 prompts of 100 tokens, fp8 KV,
+        after the small steps above) the first 8,192-token prefill step took 346 ms against 36 ms in a second
+        run, the next three 7-51 ms more each (docs/benchmarks.md, issue 9, eighth pass). What the time goes
+        to was not broken down (candidates: GEMM kernels for that many rows loaded on first use, the
+        activations' first allocation); these steps reach the sizes where it is paid."""
+        cap, seqs = self.config.tokens_cap, self.config.seqs_cap
+        steps: list[tuple[int, tuple[int, ...]]] = [(0, (cap,))]
+        many = min(seqs, 64, cap)
+        if many > 1:
+            size, extra = divmod(cap, many)
+            steps.append((0, (size + extra,) + (size,) * (many - 1)))
+        decodes = min(seqs - 1, cap // 2)
+        if decodes > 0:
+            steps.append((decodes, (cap - decodes,)))
+        return steps
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one
