@@ -254,7 +254,7 @@ class LLMEngine:
         up to 64 sequences' prompts, and a decode batch beside one chunk. The first full-size steps of a
         process cost more than later ones: on an H200 (qwen3-0.6b shape, 256 prompts of 100 tokens, fp8 KV,
         after the small steps above) the first 8,192-token prefill step took 346 ms against 36 ms in a second
-        run, the next three 7-51 ms more each (docs/benchmarks.md, issue 9, eighth pass). What the time goes
+        run, the next three 6-52 ms more each (docs/benchmarks.md, issue 9, eighth pass). What the time goes
         to was not broken down (candidates: GEMM kernels for that many rows loaded on first use, the
         activations' first allocation); these steps reach the sizes where it is paid."""
         cap, seqs = self.config.tokens_cap, self.config.seqs_cap

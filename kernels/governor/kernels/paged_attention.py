@@ -74,7 +74,7 @@ _DECODE_MAXNREG_FP8: int | None = 128
 _DECODE_NUM_STAGES_FP8 = 2
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
 # Unsplit fp8 launches (enough (seq, kv head) programs to fill the GPU, as in large decode batches) run 1 warp over
-# 64-key tiles with the compiler's register count (181 for sm_90; capped at 168 it spills and lost 30%). A warp owns
+# 64-key tiles with the compiler's register count (181 for sm_90; capped at 168 it spills, 32% slower). A warp owns
 # the whole tile: no cross-warp max/sum or P exchange through shared memory (2,056 loop instructions per 64 keys against
 # 1,201 per 128 for 4 warps, 8.0 against 6.8 bytes per instruction). H200, qwen3-0.6b heads (16:8) at batch 256:
 # 612 tokens 112.5 -> 110.4 us, 1,024 tokens 170.2 -> 165.4 us; offline throughput (256 x 100 -> 1,024, fp8 KV)
