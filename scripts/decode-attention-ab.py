@@ -1,7 +1,7 @@
 """A/B of decode attention launch settings, alternated in one process (issue 9).
 
     python3 scripts/decode-attention-ab.py OUT_JSON [--rounds 2] [--iters 50] [--groups fp8,bf16]
-                                           [--baseline FILE]
+                                           [--cases BATCHES] [--baseline FILE]
 
 `--baseline FILE`: another version of paged_attention.py (e.g. `git show REV:kernels/governor/kernels/paged_attention.py
 > FILE`), loaded as its own module and timed first in every group as the variant "baseline", with its own defaults.
@@ -10,7 +10,8 @@ Each variant sets module attributes of governor.kernels.paged_attention (registe
 or a function such as `_needs_int64_offsets`) before the calls and the defaults are restored after; a variant that
 sets nothing is the code as it is.
 Cases: the attention target (batch 32, 4K and 32K, 32:8 heads), the throughput workload's shape (batch 256, 612 and
-1,024 tokens, 16:8 heads) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
+1,024 tokens, 16:8 heads), unsplit launches of fewer programs (batch 48 and 64 at 4K, 32:8; 128 at 1,024, 160 and 192
+at 612, 16:8) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
 bf16 q, random block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench_attention.py:
 L2 flushed before each call, CUDA events, median; fraction of a device copy measured in the same process). Each
 variant's output is compared with the group's first variant on the same inputs (max abs difference).
@@ -33,24 +34,18 @@ from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, ti
 from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench_throughput import hardware
 
-# Split launches as the unsplit ones: 1 warp, 64-key tiles, no register cap.
-_W1 = {"_DECODE_NUM_WARPS_FP8": 1, "_DECODE_TILE_N_FP8": 64, "_DECODE_MAXNREG_FP8": None}
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
-        "u-4w": {"_DECODE_UNSPLIT_NUM_WARPS_FP8": 4, "_DECODE_UNSPLIT_TILE_N_FP8": 128,
-                 "_DECODE_UNSPLIT_MAXNREG_FP8": 128},
-        "a1-p10": {**_W1, "_PROGRAMS_PER_SM_FP8": 10},
-        "a1-p20": {**_W1, "_PROGRAMS_PER_SM_FP8": 20},
-        "a1-p32-m256": {**_W1, "_PROGRAMS_PER_SM_FP8": 32, "_SPLIT_MIN_PARTITION": 256},
-        "a2-p6": {"_DECODE_NUM_WARPS_FP8": 2, "_DECODE_TILE_N_FP8": 64, "_DECODE_MAXNREG_FP8": None,
-                  "_PROGRAMS_PER_SM_FP8": 6},
+        "wide-always": {"_DECODE_WIDE_PROGRAMS_PER_SM_FP8": 0},  # unsplit launches of any size
+        "wide-never": {"_DECODE_WIDE_PROGRAMS_PER_SM_FP8": 10**9},
     },
     "bf16": {
         "cur": {},
     },
 }
-SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (1, 32768, 32, 8),
+SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (48, 4096, 32, 8),
+          (64, 4096, 32, 8), (128, 1024, 16, 8), (160, 612, 16, 8), (192, 612, 16, 8), (1, 32768, 32, 8),
           (8, 4096, 32, 8), (16, 8192, 32, 8)]
 
 

@@ -6,11 +6,12 @@ instruction mix of its main loop (issue 9).
                                    [--split/--no-split] [--top 25]
 
 Tile, warps, stages and register cap default to what `paged_decode_attention` launches with for the dtype and split
-or not (`_decode_tile`, `_decode_launch_options`). Compiles `_decode_kernel` with Triton for sm_90a (the pointer and
-stride arguments marked 16-divisible, as Triton's launcher specializes them at run time), runs the ptxas and
-nvdisasm that ship with Triton, and prints the registers, spill bytes and shared memory of the compiled kernel and a
-histogram of the SASS instructions in its longest loop (the loop over K/V tiles): per-tile instruction counts per
-warp. Needs no CUDA device; the numbers are the compiler's, not a measurement of time.
+or not (`_decode_tile`, `_decode_launch_options`; `--no-split` takes the settings of wide launches, the unsplit ones
+with enough programs). Compiles `_decode_kernel` with Triton for sm_90a (the pointer and stride arguments marked
+16-divisible, as Triton's launcher specializes them at run time), runs the ptxas and nvdisasm that ship with Triton,
+and prints the registers, spill bytes and shared memory of the compiled kernel and a histogram of the SASS
+instructions in its longest loop (the loop over K/V tiles): per-tile instruction counts per warp. Needs no CUDA
+device; the numbers are the compiler's, not a measurement of time.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     if args.tile is None:
-        args.tile = pa._decode_tile(args.kv_dtype == "fp8", args.split)
-    launch = pa._decode_launch_options(args.kv_dtype == "fp8", args.split)
+        args.tile = pa._decode_tile(args.kv_dtype == "fp8", not args.split)
+    launch = pa._decode_launch_options(args.kv_dtype == "fp8", not args.split)
     args.num_warps = args.num_warps or launch["num_warps"]
     args.num_stages = args.num_stages or launch.get("num_stages", 3)
     args.maxnreg = launch.get("maxnreg") if args.maxnreg is None else args.maxnreg or None

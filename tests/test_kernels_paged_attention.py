@@ -372,42 +372,58 @@ def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.Monkey
     _prefill_against_ref(case, [1, 16, 20, 3], 8, fp8=quantized, q_dtype=q_dtype)
 
 
-def test_decode_register_cap_applies_to_split_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_register_cap_applies_to_narrow_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pa, "INTERPRET", False)
-    assert pa._decode_launch_options(fp8=True, split=True)["maxnreg"] == pa._DECODE_MAXNREG_FP8
-    assert pa._DECODE_UNSPLIT_MAXNREG_FP8 is None  # unsplit: the compiler's count (a cap of 168 spilled)
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True, split=False)
-    assert "maxnreg" not in pa._decode_launch_options(fp8=False, split=True)
+    assert pa._decode_launch_options(fp8=True, wide=False)["maxnreg"] == pa._DECODE_MAXNREG_FP8
+    assert pa._DECODE_WIDE_MAXNREG_FP8 is None  # wide: the compiler's count (a cap of 168 spilled)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=True, wide=True)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=False, wide=False)
     monkeypatch.setattr(pa, "INTERPRET", True)  # the interpreter takes no register cap
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True, split=True)
+    assert "maxnreg" not in pa._decode_launch_options(fp8=True, wide=False)
 
 
-def test_fp8_decode_launches_take_warps_and_tiles_by_split_and_16_bit_ones_one_setting() -> None:
-    split, unsplit = (pa._decode_launch_options(fp8=True, split=s) for s in (True, False))
-    assert (split["num_warps"], pa._decode_tile(True, True)) == (pa._DECODE_NUM_WARPS_FP8, pa._DECODE_TILE_N_FP8)
-    assert (unsplit["num_warps"], pa._decode_tile(True, False)) == (pa._DECODE_UNSPLIT_NUM_WARPS_FP8,
-                                                                     pa._DECODE_UNSPLIT_TILE_N_FP8)
-    assert split["num_stages"] == unsplit["num_stages"] == pa._DECODE_NUM_STAGES_FP8
-    for s in (True, False):
-        assert pa._decode_launch_options(fp8=False, split=s) == {"num_warps": pa._DECODE_NUM_WARPS_16}  # 3 stages
-        assert pa._decode_tile(False, s) == pa._TILE_N
-    # Tiles stay whole multiples of the partition alignment's divisors (a tile may run past a partition: masked).
-    assert pa._TILE_N % pa._DECODE_UNSPLIT_TILE_N_FP8 == 0 or pa._DECODE_UNSPLIT_TILE_N_FP8 % pa._TILE_N == 0
+def test_fp8_decode_launches_take_warps_and_tiles_by_width_and_16_bit_ones_one_setting() -> None:
+    narrow, wide = (pa._decode_launch_options(fp8=True, wide=w) for w in (False, True))
+    assert (narrow["num_warps"], pa._decode_tile(True, False)) == (pa._DECODE_NUM_WARPS_FP8, pa._DECODE_TILE_N_FP8)
+    assert (wide["num_warps"], pa._decode_tile(True, True)) == (pa._DECODE_WIDE_NUM_WARPS_FP8,
+                                                                 pa._DECODE_WIDE_TILE_N_FP8)
+    assert narrow["num_stages"] == wide["num_stages"] == pa._DECODE_NUM_STAGES_FP8
+    for w in (False, True):
+        assert pa._decode_launch_options(fp8=False, wide=w) == {"num_warps": pa._DECODE_NUM_WARPS_16}  # 3 stages
+        assert pa._decode_tile(False, w) == pa._TILE_N
+
+
+def test_only_unsplit_fp8_launches_of_a_wave_of_one_warp_programs_are_wide() -> None:
+    cpu = torch.device("cpu")  # 132 SMs off CUDA
+    at_least = pa._DECODE_WIDE_PROGRAMS_PER_SM_FP8 * 132
+    assert pa._wide_decode(True, False, at_least, cpu)
+    assert not pa._wide_decode(True, False, at_least - 1, cpu)  # e.g. batch 64 x 8 kv heads: 4-warp programs
+    assert not pa._wide_decode(True, True, 10 * at_least, cpu)  # split launches never
+    assert not pa._wide_decode(False, False, 10 * at_least, cpu)  # 16-bit caches never
+    # The throughput workload's decode batch (256 x 8 kv heads, unsplit) is wide; batch 48 at 4K (unsplit) is not.
+    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and pa._wide_decode(True, False, 256 * 8, cpu)
+    assert pa.decode_num_splits(48 * 8, 4096, cpu, fp8=True) == 1 and not pa._wide_decode(True, False, 48 * 8, cpu)
 
 
 @needs_triton
-@pytest.mark.parametrize("num_splits", [1, 3], ids=["unsplit", "split"])
-def test_fp8_decode_launches_run_the_settings_of_their_split(monkeypatch: pytest.MonkeyPatch, num_splits: int) -> None:
+@pytest.mark.parametrize(("num_splits", "wide"), [(1, True), (1, False), (3, False)],
+                         ids=["unsplit-wide", "unsplit-narrow", "split"])
+def test_fp8_decode_launches_run_the_settings_of_their_width(monkeypatch: pytest.MonkeyPatch, num_splits: int,
+                                                             wide: bool) -> None:
     decode = LaunchSpy(pa._decode_kernel)
     monkeypatch.setattr(pa, "_decode_kernel", decode)
+    # A threshold this small case passes or not (12 programs here; on a GPU a wide launch has thousands). A split
+    # launch is never wide, whatever the threshold.
+    monkeypatch.setattr(pa, "_DECODE_WIDE_PROGRAMS_PER_SM_FP8", 0 if wide or num_splits > 1 else 10**6)
     # Contexts across both tile sizes' boundaries, GQA 4 over 2 kv heads, bf16 q as the engine runs it.
     case = PagedCase([1, 63, 64, 65, 129, 300], 2, 32, 16, torch.float32, spare_table_entries=4)
     _decode_against_ref(case, 8, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
     (launch,) = decode.launches
-    split = num_splits > 1
-    assert launch["SPLIT"] is split
-    assert launch["TILE_N"] == pa._decode_tile(True, split)
-    assert launch["num_warps"] == pa._decode_launch_options(True, split)["num_warps"]
+    assert launch["SPLIT"] is (num_splits > 1)
+    assert launch["TILE_N"] == pa._decode_tile(True, wide)
+    options = pa._decode_launch_options(True, wide)
+    assert {k: launch.get(k) for k in ("num_warps", "num_stages", "maxnreg")} == {
+        k: options.get(k) for k in ("num_warps", "num_stages", "maxnreg")}
 
 
 def test_fp8_split_counts_fit_one_wave_and_16_bit_ones_fill_the_target() -> None:

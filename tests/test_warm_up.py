@@ -38,11 +38,10 @@ def test_warm_up_leaves_no_trace(hf_checkpoint, settings: dict[str, Any]) -> Non
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(10))] == expected
 
 
-def test_warm_up_reaches_the_token_budget_with_one_many_and_mixed_sequences(hf_checkpoint) -> None:
-    # The first full-size steps of a process cost more than later ones (issue 9): the warm-up runs steps of the
-    # hard token budget -- one sequence's chunk, several prompts, decodes beside a chunk -- where they fit.
-    llm = LLM(str(hf_checkpoint("qwen3")), dtype="float32", max_model_len=128, max_num_batched_tokens=48,
-              max_num_seqs=8, block_size=4)
+def _warm_up_steps(path: str, max_model_len: int) -> list[tuple[int, int, int]]:
+    """(tokens, sequences, decodes) of each step the warm-up runs, budget 48 tokens and 8 sequences."""
+    llm = LLM(path, dtype="float32", max_model_len=max_model_len, max_num_batched_tokens=48, max_num_seqs=8,
+              block_size=4)
     engine = llm.engine
     steps: list[tuple[int, int, int]] = []  # (tokens, sequences, decodes)
     inner = engine._execute
@@ -54,8 +53,22 @@ def test_warm_up_reaches_the_token_budget_with_one_many_and_mixed_sequences(hf_c
         return inner(out, *args, **kwargs)
     engine._execute = execute  # type: ignore[method-assign]
     engine._warm_up_kernels()
+    return steps
+
+
+def test_warm_up_reaches_the_token_budget_with_one_many_and_mixed_sequences(hf_checkpoint) -> None:
+    # The first full-size steps of a process cost more than later ones (issue 9): the warm-up runs steps of the
+    # hard token budget -- one sequence's chunk, several prompts, decodes beside a chunk -- where they fit.
+    steps = _warm_up_steps(str(hf_checkpoint("qwen3")), 128)
     at_budget = [s for s in steps if s[0] == 48]
     assert (48, 1, 0) in at_budget  # one sequence's chunk
     assert (48, 8, 0) in at_budget  # as many prompts as max_num_seqs allows (<= 64)
     assert (48, 8, 7) in at_budget  # 7 decodes beside one 41-token chunk
     assert max(s[0] for s in steps) == 48 and max(s[1] for s in steps) <= 8
+
+
+def test_warm_up_chunks_stop_at_max_model_len_below_the_budget(hf_checkpoint) -> None:
+    steps = _warm_up_steps(str(hf_checkpoint("qwen3")), 40)
+    assert (40, 1, 0) in steps  # one sequence's chunk: max_model_len, not the 48-token budget
+    assert (48, 8, 0) in steps  # 8 prompts of 6 tokens still fill the budget
+    assert (7 + 40, 8, 7) in steps  # 7 decodes beside a 40-token chunk

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Eighth pass, call 5: the throughput target again on another machine (fp8 KV engine, then transformers), then the
+# Eighth pass, call 5 (it ran on call 4's machine, still warm): the throughput target again (fp8 KV engine, then transformers), then the
 # engine's GPU tests (its start now runs the budget warm-up) while time is left.
 set -uo pipefail
 T0=$SECONDS

@@ -251,21 +251,28 @@ class LLMEngine:
 
     def _budget_steps(self) -> list[tuple[int, tuple[int, ...]]]:
         """Warm-up steps of the hard token budget (decodes, prefill chunk lengths): one sequence's chunk,
-        up to 64 sequences' prompts, and a decode batch beside one chunk. The first full-size steps of a
-        process cost more than later ones: on an H200 (qwen3-0.6b shape, 256 prompts of 100 tokens, fp8 KV,
-        after the small steps above) the first 8,192-token prefill step took 346 ms against 36 ms in a second
-        run, the next three 6-52 ms more each (docs/benchmarks.md, issue 9, eighth pass). What the time goes
-        to was not broken down (candidates: GEMM kernels for that many rows loaded on first use, the
-        activations' first allocation); these steps reach the sizes where it is paid."""
+        up to 64 sequences' prompts, and a decode batch beside one chunk, each chunk at most max_model_len
+        (the step then stays under the budget). The first full-size steps of a process cost more than later
+        ones: on an H200 (qwen3-0.6b shape, 256 prompts of 100 tokens, fp8 KV, after the small steps above)
+        the first 8,192-token prefill step took 346 ms against 36 ms in a second run, the next three 6-52 ms
+        more each (docs/benchmarks.md, issue 9, eighth pass). What the time goes to was not broken down
+        (candidates: GEMM kernels for that many rows loaded on first use, the activations' first
+        allocation); these steps reach the sizes where it is paid. The budget is the hard cap, which the
+        tuner may raise the knob to: a cap whose activations do not fit beside the KV cache fails here, at
+        start, rather than when the knob first reaches it."""
         cap, seqs = self.config.tokens_cap, self.config.seqs_cap
-        steps: list[tuple[int, tuple[int, ...]]] = [(0, (cap,))]
+
+        def fit(n: int) -> int:
+            return min(n, self.max_model_len)
+
+        steps: list[tuple[int, tuple[int, ...]]] = [(0, (fit(cap),))]
         many = min(seqs, 64, cap)
         if many > 1:
             size, extra = divmod(cap, many)
-            steps.append((0, (size + extra,) + (size,) * (many - 1)))
+            steps.append((0, (fit(size + extra),) + (fit(size),) * (many - 1)))
         decodes = min(seqs - 1, cap // 2)
         if decodes > 0:
-            steps.append((decodes, (cap - decodes,)))
+            steps.append((decodes, (fit(cap - decodes),)))
         return steps
 
     def close(self) -> None:

@@ -73,16 +73,19 @@ _DECODE_MAXNREG_FP8: int | None = 128
 # default: 2 stages there were 5-8% slower at batch 256 (docs/benchmarks.md, issue 9, seventh pass).
 _DECODE_NUM_STAGES_FP8 = 2
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
-# Unsplit fp8 launches (enough (seq, kv head) programs to fill the GPU, as in large decode batches) run 1 warp over
-# 64-key tiles with the compiler's register count (181 for sm_90; capped at 168 it spills, 32% slower). A warp owns
-# the whole tile: no cross-warp max/sum or P exchange through shared memory (2,056 loop instructions per 64 keys against
-# 1,201 per 128 for 4 warps, 8.0 against 6.8 bytes per instruction). H200, qwen3-0.6b heads (16:8) at batch 256:
-# 612 tokens 112.5 -> 110.4 us, 1,024 tokens 170.2 -> 165.4 us; offline throughput (256 x 100 -> 1,024, fp8 KV)
-# 54.9K -> 57.2-57.9K tok/s in one process. 2 warps or 32-key tiles were slower than 4 warps (docs/benchmarks.md,
-# issue 9, eighth pass). Split launches (few, long sequences) keep the settings above.
-_DECODE_UNSPLIT_NUM_WARPS_FP8 = 1
-_DECODE_UNSPLIT_TILE_N_FP8 = 64
-_DECODE_UNSPLIT_MAXNREG_FP8: int | None = None
+# Wide fp8 launches -- unsplit, with at least _DECODE_WIDE_PROGRAMS_PER_SM_FP8 (seq, kv head) programs per SM, as at
+# large decode batches -- run 1 warp over 64-key tiles with the compiler's register count (181 for sm_90; capped at
+# 168 it spills, 32% slower). A warp owns the whole tile: no cross-warp max/sum or P exchange through shared memory
+# (2,056 loop instructions per 64 keys against 1,201 per 128 for 4 warps, 8.0 against 6.8 bytes per instruction).
+# H200, qwen3-0.6b heads (16:8) at batch 256: 612 tokens 112.5 -> 110.4 us, 1,024 tokens 170.2 -> 165.4 us; offline
+# throughput (256 x 100 -> 1,024, fp8 KV) 54.9K -> 57.2-57.9K tok/s in one process. 2 warps or 32-key tiles were
+# slower than 4 warps (docs/benchmarks.md, issue 9, eighth pass). The threshold is one wave of these programs (181
+# registers allow 11 per SM, 20.7 KB of shared memory 10); smaller unsplit launches and split ones keep the settings
+# above (1-warp programs over split launches of 1,280-2,048 programs were 6-26% slower at batch 32, 4K).
+_DECODE_WIDE_NUM_WARPS_FP8 = 1
+_DECODE_WIDE_TILE_N_FP8 = 64
+_DECODE_WIDE_MAXNREG_FP8: int | None = None
+_DECODE_WIDE_PROGRAMS_PER_SM_FP8 = 10
 _DECODE_NUM_WARPS_16 = 4
 # Warps of a rotary_write_kv program (one per token and head). With per-head RMSNorms (Qwen3) and at most
 # _ROTARY_ONE_WARP_MAX_TOKENS tokens, one: the norm's sum over head_dim then stays in one warp (no shared-memory round
@@ -864,6 +867,7 @@ def paged_decode_attention(
     fp8 = k_cache.dtype == FP8_KV_DTYPE
     num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits, fp8)
     split = num_splits > 1
+    wide = _wide_decode(fp8, split, batch * num_kv_heads, q.device)
 
     if split:
         rows = batch * num_q_heads * num_splits
@@ -884,7 +888,7 @@ def paged_decode_attention(
         GROUP=group,
         GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
         BLOCK_SIZE=block_size,
-        TILE_N=_decode_tile(fp8, split),
+        TILE_N=_decode_tile(fp8, wide),
         HEAD_DIM=head_dim,
         SPLIT=split,
         TILE_ALIGN=_TILE_N,
@@ -893,7 +897,7 @@ def paged_decode_attention(
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
         OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
-        **_decode_launch_options(fp8, split),
+        **_decode_launch_options(fp8, wide),
     )  # fmt: skip
     if split:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -906,30 +910,39 @@ def paged_decode_attention(
     return out
 
 
-def _decode_tile(fp8: bool, split: bool) -> int:
-    """Keys per inner-loop step of a decode launch over a cache of that dtype, split or not."""
+def _wide_decode(fp8: bool, split: bool, programs: int, device: torch.device) -> bool:
+    """Whether a decode launch of `programs` (seq, kv head) programs takes the wide fp8 settings."""
+    return fp8 and not split and programs >= _DECODE_WIDE_PROGRAMS_PER_SM_FP8 * _sm_count(device)
+
+
+def _decode_tile(fp8: bool, wide: bool) -> int:
+    """Keys per inner-loop step of a decode launch over a cache of that dtype (`wide`: `_wide_decode`)."""
     if not fp8:
         return _TILE_N
-    return _DECODE_TILE_N_FP8 if split else _DECODE_UNSPLIT_TILE_N_FP8
+    return _DECODE_WIDE_TILE_N_FP8 if wide else _DECODE_TILE_N_FP8
 
 
-def _decode_launch_options(fp8: bool, split: bool) -> dict[str, int]:
+def _decode_launch_options(fp8: bool, wide: bool) -> dict[str, int]:
     """Triton launch options (warps, stages, register cap) of a decode launch over a cache of that dtype."""
     if not fp8:
         return {"num_warps": _DECODE_NUM_WARPS_16}
-    warps, maxnreg = ((_DECODE_NUM_WARPS_FP8, _DECODE_MAXNREG_FP8) if split
-                      else (_DECODE_UNSPLIT_NUM_WARPS_FP8, _DECODE_UNSPLIT_MAXNREG_FP8))
+    warps, maxnreg = ((_DECODE_WIDE_NUM_WARPS_FP8, _DECODE_WIDE_MAXNREG_FP8) if wide
+                      else (_DECODE_NUM_WARPS_FP8, _DECODE_MAXNREG_FP8))
     options = {"num_warps": warps, "num_stages": _DECODE_NUM_STAGES_FP8}
     if maxnreg and not INTERPRET:
         options["maxnreg"] = maxnreg
     return options
 
 
+def _sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; 132 (an H100/H200) elsewhere, so that CPU runs take the same decisions."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
 def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device, fp8: bool = False) -> int:
     """Split until the (seq, kv head, split) grid fills the GPU, keeping a context_bound-long sequence's
     partitions >= _SPLIT_MIN_PARTITION tokens."""
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    slots = (_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * sm_count
+    slots = (_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * _sm_count(device)
     # fp8: as many splits as fit one wave (at least one); 16-bit: enough to fill the target.
     wanted = max(1, slots // num_programs) if fp8 else -(-slots // num_programs)
     by_length = context_bound // _SPLIT_MIN_PARTITION
