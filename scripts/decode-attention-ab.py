@@ -37,8 +37,8 @@ from governor.engine.bench_throughput import hardware
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
-        "wide-always": {"_DECODE_WIDE_PROGRAMS_PER_SM_FP8": 0},  # unsplit launches of any size
-        "wide-never": {"_DECODE_WIDE_PROGRAMS_PER_SM_FP8": 10**9},
+        "wide-always": {"_DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
+        "wide-never": {"_DECODE_WIDE_MIN_WAVE_FILL": 2.0},
     },
     "bf16": {
         "cur": {},

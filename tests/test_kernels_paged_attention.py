@@ -393,16 +393,22 @@ def test_fp8_decode_launches_take_warps_and_tiles_by_width_and_16_bit_ones_one_s
         assert pa._decode_tile(False, w) == pa._TILE_N
 
 
-def test_only_unsplit_fp8_launches_of_a_wave_of_one_warp_programs_are_wide() -> None:
-    cpu = torch.device("cpu")  # 132 SMs off CUDA
-    at_least = pa._DECODE_WIDE_PROGRAMS_PER_SM_FP8 * 132
-    assert pa._wide_decode(True, False, at_least, cpu)
-    assert not pa._wide_decode(True, False, at_least - 1, cpu)  # e.g. batch 64 x 8 kv heads: 4-warp programs
-    assert not pa._wide_decode(True, True, 10 * at_least, cpu)  # split launches never
-    assert not pa._wide_decode(False, False, 10 * at_least, cpu)  # 16-bit caches never
-    # The throughput workload's decode batch (256 x 8 kv heads, unsplit) is wide; batch 48 at 4K (unsplit) is not.
-    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and pa._wide_decode(True, False, 256 * 8, cpu)
-    assert pa.decode_num_splits(48 * 8, 4096, cpu, fp8=True) == 1 and not pa._wide_decode(True, False, 48 * 8, cpu)
+def test_only_unsplit_fp8_launches_that_fill_their_waves_are_wide() -> None:
+    cpu = torch.device("cpu")  # 132 SMs off CUDA: waves of 8 x 132 = 1,056 one-warp programs
+
+    def wide(programs: int) -> bool:
+        return pa._wide_decode(True, False, programs, cpu)
+
+    # The H200 measurements (8 kv heads): 1 warp faster at batch 256 (2,048 programs) and 128 (1,024), slower at 192,
+    # 160, 64 and 48 (1,536, 1,280, 512, 384).
+    assert wide(2048) and wide(1024)
+    assert not any(wide(p) for p in (1536, 1280, 512, 384, 1, 0))
+    assert wide(3 * 1056) and not wide(2 * 1056 + 1)  # fill 100% / 67%
+    assert not pa._wide_decode(True, True, 2048, cpu)  # split launches never
+    assert not pa._wide_decode(False, False, 2048, cpu)  # 16-bit caches never
+    # The throughput workload's decode batch (256 x 8 kv heads) is unsplit and wide; batch 48 at 4K unsplit, not wide.
+    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and wide(256 * 8)
+    assert pa.decode_num_splits(48 * 8, 4096, cpu, fp8=True) == 1 and not wide(48 * 8)
 
 
 @needs_triton
@@ -412,9 +418,9 @@ def test_fp8_decode_launches_run_the_settings_of_their_width(monkeypatch: pytest
                                                              wide: bool) -> None:
     decode = LaunchSpy(pa._decode_kernel)
     monkeypatch.setattr(pa, "_decode_kernel", decode)
-    # A threshold this small case passes or not (12 programs here; on a GPU a wide launch has thousands). A split
-    # launch is never wide, whatever the threshold.
-    monkeypatch.setattr(pa, "_DECODE_WIDE_PROGRAMS_PER_SM_FP8", 0 if wide or num_splits > 1 else 10**6)
+    # A fill this small case reaches or not (12 programs here; on a GPU a wide launch has a thousand or more). A split
+    # launch is never wide, whatever the fill.
+    monkeypatch.setattr(pa, "_DECODE_WIDE_MIN_WAVE_FILL", 0.0 if wide or num_splits > 1 else 2.0)
     # Contexts across both tile sizes' boundaries, GQA 4 over 2 kv heads, bf16 q as the engine runs it.
     case = PagedCase([1, 63, 64, 65, 129, 300], 2, 32, 16, torch.float32, spare_table_entries=4)
     _decode_against_ref(case, 8, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)

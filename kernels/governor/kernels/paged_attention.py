@@ -73,19 +73,23 @@ _DECODE_MAXNREG_FP8: int | None = 128
 # default: 2 stages there were 5-8% slower at batch 256 (docs/benchmarks.md, issue 9, seventh pass).
 _DECODE_NUM_STAGES_FP8 = 2
 _DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
-# Wide fp8 launches -- unsplit, with at least _DECODE_WIDE_PROGRAMS_PER_SM_FP8 (seq, kv head) programs per SM, as at
-# large decode batches -- run 1 warp over 64-key tiles with the compiler's register count (181 for sm_90; capped at
-# 168 it spills, 32% slower). A warp owns the whole tile: no cross-warp max/sum or P exchange through shared memory
-# (2,056 loop instructions per 64 keys against 1,201 per 128 for 4 warps, 8.0 against 6.8 bytes per instruction).
-# H200, qwen3-0.6b heads (16:8) at batch 256: 612 tokens 112.5 -> 110.4 us, 1,024 tokens 170.2 -> 165.4 us; offline
-# throughput (256 x 100 -> 1,024, fp8 KV) 54.9K -> 57.2-57.9K tok/s in one process. 2 warps or 32-key tiles were
-# slower than 4 warps (docs/benchmarks.md, issue 9, eighth pass). The threshold is one wave of these programs (181
-# registers allow 11 per SM, 20.7 KB of shared memory 10); smaller unsplit launches and split ones keep the settings
-# above (1-warp programs over split launches of 1,280-2,048 programs were 6-26% slower at batch 32, 4K).
+# Wide fp8 launches -- unsplit, with programs that fill their waves of _DECODE_WIDE_PROGRAMS_PER_SM_FP8 per SM to at
+# least _DECODE_WIDE_MIN_WAVE_FILL (`_wide_decode`) -- run 1 warp over 64-key tiles with the compiler's register
+# count (181 for sm_90; capped at 168 it spills, 32% slower). A warp owns the whole tile: no cross-warp max/sum or P
+# exchange through shared memory (2,056 loop instructions per 64 keys against 1,201 per 128 for 4 warps, 8.0 against
+# 6.8 bytes per instruction), but a program holds one warp, and waves of them are long. H200 (docs/benchmarks.md,
+# issue 9, eighth pass), 1 warp against the 4-warp program, equal contexts, (seq, kv head) programs: 2,048 (batch 256
+# x 8 at 612 / 1,024 tokens) 110.4 / 164.2 us against 112.3 / 170.1, 1,024 (batch 128 at 1,024) 88.0 against 91.4 --
+# faster; 1,280 and 1,536 (batch 160, 192 at 612) 17% slower, 384 and 512 (batch 48, 64 at 4K) 58-86% slower.
+# Offline throughput (256 x 100 -> 1,024, fp8 KV) 54.9K -> 57.2-57.9K tok/s in one process. The measured times fit
+# about 8 of these programs running per SM (batch 128's 1,024 in one wave, batch 160's 1,280 in two; the compiler's
+# resources would allow 10), so that is the wave; the fill rule takes the 1,024 and 2,048 cases (97%) and leaves the
+# others (36-73%). Split launches keep the 4-warp settings (1-warp split launches were 6-26% slower at batch 32, 4K).
 _DECODE_WIDE_NUM_WARPS_FP8 = 1
 _DECODE_WIDE_TILE_N_FP8 = 64
 _DECODE_WIDE_MAXNREG_FP8: int | None = None
-_DECODE_WIDE_PROGRAMS_PER_SM_FP8 = 10
+_DECODE_WIDE_PROGRAMS_PER_SM_FP8 = 8
+_DECODE_WIDE_MIN_WAVE_FILL = 0.9
 _DECODE_NUM_WARPS_16 = 4
 # Warps of a rotary_write_kv program (one per token and head). With per-head RMSNorms (Qwen3) and at most
 # _ROTARY_ONE_WARP_MAX_TOKENS tokens, one: the norm's sum over head_dim then stays in one warp (no shared-memory round
@@ -911,8 +915,13 @@ def paged_decode_attention(
 
 
 def _wide_decode(fp8: bool, split: bool, programs: int, device: torch.device) -> bool:
-    """Whether a decode launch of `programs` (seq, kv head) programs takes the wide fp8 settings."""
-    return fp8 and not split and programs >= _DECODE_WIDE_PROGRAMS_PER_SM_FP8 * _sm_count(device)
+    """Whether a decode launch of `programs` (seq, kv head) programs takes the wide fp8 settings: unsplit, and the
+    programs fill their waves of 1-warp programs to at least _DECODE_WIDE_MIN_WAVE_FILL."""
+    if not fp8 or split or programs < 1:
+        return False
+    slots = _DECODE_WIDE_PROGRAMS_PER_SM_FP8 * _sm_count(device)
+    waves = -(-programs // slots)
+    return programs >= _DECODE_WIDE_MIN_WAVE_FILL * waves * slots
 
 
 def _decode_tile(fp8: bool, wide: bool) -> int:
