@@ -53,12 +53,13 @@ _FP8_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)  # q/out dtypes o
 
 # Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors below.
 _TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
-# Split decode over an fp8 cache (4 warps): a tile of half the bytes, so it takes twice the keys a step (a multiple of
-# _TILE_N; a tile may run past a _TILE_N-aligned partition's end: masked). On an H100 (docs/benchmarks.md,
-# issue 9), against 64 keys: batch 256 at 1K context 66% -> 79% of HBM copy bandwidth, batch 32 at 4K
-# 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat 8 on every fp8 shape measured.
+# Narrow decode launches over an fp8 cache (4 warps: split launches, and unsplit ones that are not wide, see below): a
+# tile of half the bytes, so it takes twice the keys a step (a multiple of _TILE_N; a tile may run past a _TILE_N-
+# aligned partition's end: masked). On an H100 (docs/benchmarks.md, issue 9), against 64 keys: batch 256 at 1K context
+# 66% -> 79% of HBM copy bandwidth, batch 32 at 4K 63% -> 72%, at 32K 89% either way; 4 warps (Triton's default) beat
+# 8 on every fp8 shape measured.
 _DECODE_TILE_N_FP8 = 128
-# Registers per thread of a split decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's choice).
+# Registers per thread of a narrow decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's choice).
 # It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM (when unsplit launches
 # ran 4 warps too, 5% faster there at batch 256 on an H200). Split launches take the cap since their split count fills
 # one wave of 4 programs per SM (`_choose_num_splits`): batch 32 at 4K 98.8 -> 95.6 us, at 32K 638 -> 630, batch 16
