@@ -1,7 +1,7 @@
 """A/B of decode attention launch settings, alternated in one process (issue 9).
 
     python3 scripts/decode-attention-ab.py OUT_JSON [--rounds 2] [--iters 50] [--groups fp8,bf16]
-                                           [--cases BATCHES] [--baseline FILE]
+                                           [--cases BATCHES] [--baseline FILE] [--variants NAMES] [--kernels]
 
 `--baseline FILE`: another version of paged_attention.py (e.g. `git show REV:kernels/governor/kernels/paged_attention.py
 > FILE`), loaded as its own module and timed first in every group as the variant "baseline", with its own defaults.
@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import governor.kernels.paged_attention as pa
 from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, time_call
@@ -39,9 +40,16 @@ GROUPS: dict[str, dict[str, dict[str, Any]]] = {
         "cur": {},
         "wide-always": {"_DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
         "wide-never": {"_DECODE_WIDE_MIN_WAVE_FILL": 2.0},
+        # How split launches merge their partials (_DECODE_MERGE; "" is the reduce kernel).
+        "pdl-start": {"_DECODE_MERGE": "pdl-start"},
+        "pdl-end": {"_DECODE_MERGE": "pdl-end"},
+        "fold": {"_DECODE_MERGE": "fold"},
     },
     "bf16": {
         "cur": {},
+        "pdl-start": {"_DECODE_MERGE": "pdl-start"},
+        "pdl-end": {"_DECODE_MERGE": "pdl-end"},
+        "fold": {"_DECODE_MERGE": "fold"},
     },
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (48, 4096, 32, 8),
@@ -58,6 +66,22 @@ def _splits(mod: Any, programs: int, context: int, device: torch.device, fp8: bo
         return int(mod.decode_num_splits(programs, bound, device))
 
 
+def kernel_us(call: Any, device: torch.device) -> dict[str, float]:
+    """Median device time (us) of each kernel a call launches, over 20 calls each after an L2 flush (the flush's
+    own kernel left out)."""
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            flush.zero_()
+            call()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and "decode" in ev.name:
+            per.setdefault(ev.name, []).append(ev.device_time_total)
+    return {name: round(sorted(v)[len(v) // 2], 2) for name, v in per.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_json")
@@ -66,6 +90,9 @@ def main() -> None:
     parser.add_argument("--groups", default="fp8,bf16")
     parser.add_argument("--cases", default="", help="only the shapes whose batch is in this comma list")
     parser.add_argument("--baseline", help="another paged_attention.py to time as the variant 'baseline'")
+    parser.add_argument("--variants", default="", help="only these variants (comma list; default: all of the group)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also each kernel's median device time over 20 profiled calls (torch.profiler)")
     args = parser.parse_args()
     baseline = None
     if args.baseline:
@@ -81,7 +108,7 @@ def main() -> None:
               "defaults": {k: repr(v) for k, v in defaults.items()},
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for group in args.groups.split(","):
-        variants = GROUPS[group]
+        variants = {k: v for k, v in GROUPS[group].items() if not args.variants or k in args.variants.split(",")}
         for batch, context, hq, hkv in SHAPES:
             if args.cases and str(batch) not in args.cases.split(","):
                 continue
@@ -108,10 +135,13 @@ def main() -> None:
                            "us_p50": 1e3 * ms, "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
                            "kv_gb_per_s": gbs, "fraction_of_hbm": gbs / hbm,
                            "max_abs_diff_vs_first": float((out.float() - first.float()).abs().max())}
+                    if args.kernels:
+                        row["kernel_us"] = kernel_us(call, device)
                     rows.append(row)
                     print(f"{group} {row['case']:>24} {name:>15} r{rnd} splits={row['splits']} "
                           f"p50 {row['us_p50']:8.1f} min {row['us_min']:8.1f} max {row['us_max']:8.1f} us "
-                          f"{100 * row['fraction_of_hbm']:5.1f}% diff {row['max_abs_diff_vs_first']:.2e}", flush=True)
+                          f"{100 * row['fraction_of_hbm']:5.1f}% diff {row['max_abs_diff_vs_first']:.2e}"
+                          f"{' kernels ' + str(row['kernel_us']) if args.kernels else ''}", flush=True)
                     with open(args.out_json, "w") as f:
                         json.dump(result, f, indent=2)
             x.clear()

@@ -3,7 +3,8 @@ instruction mix of its main loop (issue 9).
 
     python3 scripts/decode-sass.py [--kv-dtype fp8|bf16] [--tile N] [--group G] [--head-dim D] [--block-size B]
                                    [--num-warps W] [--num-stages S] [--maxnreg R] [--offsets-64]
-                                   [--split/--no-split] [--top 25]
+                                   [--split/--no-split] [--merge fold|pdl-start|pdl-end]
+                                   [--splits N] [--top 25]
 
 Tile, warps, stages and register cap default to what `paged_decode_attention` launches with for the dtype and split
 or not (`_decode_tile`, `_decode_launch_options`; `--no-split` takes the settings of wide launches, the unsplit ones
@@ -39,13 +40,16 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
     q = "fp16" if args.kv_dtype == "fp16" else "bf16"  # q's dtype is the cache's, bf16 over fp8 (as the engine runs)
     sig = {"q_ptr": f"*{q}", "k_cache_ptr": f"*{kv}", "v_cache_ptr": f"*{kv}", "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "out_ptr": f"*{q}", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
-           "part_l_ptr": "*fp32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "qk_scale": "fp32"}
+           "part_l_ptr": "*fp32", "counter_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+           "qk_scale": "fp32"}
     for name in fn.arg_names:
         sig.setdefault(name, "i32")
     group_pad = max(pa._MIN_DOT, triton.next_power_of_2(args.group))
     constants = {"GROUP": args.group, "GROUP_PAD": group_pad, "BLOCK_SIZE": args.block_size, "TILE_N": args.tile,
                  "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": pa._TILE_N, "KV_FP8": fp8,
-                 "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False, "OFFSETS_64": args.offsets_64}
+                 "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False, "OFFSETS_64": args.offsets_64,
+                 "SPLITS_PAD": triton.next_power_of_2(args.splits), "FOLD": args.merge == "fold",
+                 "PDL_TRIGGER": {"pdl-start": 1, "pdl-end": 2}.get(args.merge, 0)}
     for name in constants:
         sig[name] = "constexpr"
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
@@ -111,6 +115,9 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, help="default: as launched; 0: the compiler's choice")
     ap.add_argument("--offsets-64", action="store_true", help="int64 cache offsets (a cache of 2^31+ elements)")
     ap.add_argument("--split", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--merge", default="", choices=["", "fold", "pdl-start", "pdl-end"],
+                    help="how split partials merge (the kernel's _DECODE_MERGE)")
+    ap.add_argument("--splits", type=int, default=2, help="split count the fold's merge is compiled for")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     if args.tile is None:

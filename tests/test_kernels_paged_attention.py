@@ -319,6 +319,21 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     _decode_against_ref(case, 2, None)
 
 
+@needs_triton
+@pytest.mark.parametrize("merge", ["", "fold", "pdl-start", "pdl-end"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["f32", "fp8"])
+def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyPatch, merge: str, fp8: bool) -> None:
+    # Three splits of contexts below and past a partition, an empty sequence among them; twice, since the fold's
+    # arrival counters must be back at zero for the next call.
+    monkeypatch.setattr(pa, "_DECODE_MERGE", merge)
+    case = PagedCase([1, 16, 0, 37, 130], 2, 16, 16, torch.float32, spare_table_entries=10)
+    kv = quantize_fp8(case) if fp8 else None
+    for _ in range(2):
+        _decode_against_ref(case, 4, 3, fp8=kv, q_dtype=torch.bfloat16 if fp8 else None)
+    if merge == "fold":
+        assert not pa._FOLD_COUNTERS[DEVICE].any()
+
+
 def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -> None:
     def cache(num_blocks: int, dtype: torch.dtype = FP8) -> torch.Tensor:
         return torch.empty(num_blocks, 16, 8, 128, dtype=dtype, device="meta")  # 16,384 elements a block
@@ -759,6 +774,44 @@ def test_gpu_fp8_decode_real_shapes(num_q_heads: int, num_kv_heads: int, context
     seq_lens = [context] * 28 + [context - 1, context // 3 + 5, 17, 1]
     case = PagedCase(seq_lens, num_kv_heads, 128, 16, torch.float32)
     _decode_against_ref(case, num_q_heads, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("merge", ["", "fold", "pdl-start", "pdl-end"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPatch, merge: str, fp8: bool) -> None:
+    # Batch 32 at 4K (2 splits for both dtypes), captured once and replayed on new queries and lengths: the PDL launch
+    # must capture as a graph edge, the fold's counters must reset on every replay.
+    monkeypatch.setattr(pa, "_DECODE_MERGE", merge)
+    seq_lens = [4096] * 28 + [4095, 1370, 17, 1]
+    case = PagedCase(seq_lens, 8, 128, 16, torch.float32 if fp8 else torch.bfloat16)
+    kv = quantize_fp8(case) if fp8 else None
+    k_cache, v_cache, scales = _caches(case, kv)
+    q, qsl = case.queries([1] * 32, 32)
+    q = q.to(torch.bfloat16)
+    scale = 128**-0.5
+    out = torch.empty_like(q)
+
+    def call() -> None:
+        pa.paged_decode_attention(q, k_cache, v_cache, case.block_tables, case.seq_lens, scale, out,
+                                  max_seq_len=4096, **scales)
+
+    assert pa.decode_num_splits(32 * 8, 4096, DEVICE, fp8=fp8) == 2
+    call()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    gen = torch.Generator(device=DEVICE).manual_seed(11)
+    for lens in (seq_lens, seq_lens[::-1]):
+        q.copy_(torch.randn(q.shape, generator=gen, device=DEVICE))
+        case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        out.zero_()
+        graph.replay()
+        want = pa.paged_attention_ref(q, k_cache, v_cache, case.block_tables, case.seq_lens, qsl, scale, **scales)
+        _assert_close_for(out, want, torch.bfloat16, kv)
+    if merge == "fold":
+        assert not pa._FOLD_COUNTERS[DEVICE].any()
 
 
 @pytest.mark.gpu

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from governor.kernels.elementwise import INTERPRET, rms_norm_ref, rms_rstd, rms_scale, rotate, rotate_ref, triton_usable
 
@@ -115,6 +116,11 @@ _SPLIT_MAX = 64
 # heads: 2 splits, 512 programs on 528 slots; rounding up gave 3, 1.45 waves).
 _PROGRAMS_PER_SM = 3
 _PROGRAMS_PER_SM_FP8 = 4
+# Split launches' merge (issue 9, ninth pass, experimental): "" runs the reduce kernel after the decode kernel;
+# "pdl-start" / "pdl-end" launch it with programmatic dependent launch (its programs wait in `gdc_wait` for the decode
+# kernel's memory; the decode programs signal at their start / after their stores); "fold": no reduce kernel -- each
+# decode program stores its partial and counts in on a per-(seq, kv head) counter, and the last one merges.
+_DECODE_MERGE = ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -684,6 +690,7 @@ def _decode_kernel(
     part_acc_ptr,
     part_m_ptr,
     part_l_ptr,
+    counter_ptr,
     k_scale_ptr,
     v_scale_ptr,
     qk_scale,
@@ -712,12 +719,17 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr,
     INTERPRET: tl.constexpr,
     OFFSETS_64: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    FOLD: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
 ):
     # Program (seq, kv head, partition): all GROUP query heads of the kv head at once, so each K/V
     # row is read once per group. Rows >= GROUP are padding (tl.dot needs >= 16 rows).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if PDL_TRIGGER == 1:
+        gdc_launch_dependents()
     seq_len = tl.load(seq_lens_ptr + seq)
     if SPLIT:
         # Partitions past seq_len run no tiles; the reduce ignores them (it recounts valid ones).
@@ -763,6 +775,29 @@ def _decode_kernel(
         tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None])
         tl.store(part_m_ptr + row, m_i, mask=row_valid)
         tl.store(part_l_ptr + row, l_i, mask=row_valid)
+        if PDL_TRIGGER == 2:
+            gdc_launch_dependents()
+        if FOLD:
+            # Every program of the pair stores first (the barrier orders the warps' stores before the release).
+            pair = seq * (num_q_heads // GROUP) + kv_head
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counter_ptr + pair, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.store(counter_ptr + pair, 0)  # ready for the next call (and CUDA-graph replay)
+                s = tl.arange(0, SPLITS_PAD)
+                valid = s < tl.cdiv(seq_len, partition_size)
+                rows = (seq * num_q_heads + head).to(tl.int64)[:, None] * num_splits + s[None, :]
+                both = row_valid[:, None] & valid[None, :]
+                m = tl.load(part_m_ptr + rows, mask=both, other=float("-inf"), cache_modifier=".cg")
+                l_part = tl.load(part_l_ptr + rows, mask=both, other=0.0, cache_modifier=".cg")
+                m_max = tl.maximum(tl.max(m, axis=1), -1.0e30)
+                w = tl.where(both, tl.exp2(m - m_max[:, None]), 0.0)
+                parts = tl.load(part_acc_ptr + rows[:, :, None] * HEAD_DIM + d[None, None, :], mask=both[:, :, None],
+                                other=0.0, cache_modifier=".cg")
+                total = tl.sum(w * l_part, axis=1)
+                out = tl.sum(w[:, :, None] * parts, axis=1) / tl.where(total > 0.0, total, 1.0)[:, None]
+                o_ptrs = out_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :]
+                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
     else:
         # l_i == 0 only for an empty sequence: its output is 0, not NaN.
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
@@ -784,10 +819,13 @@ def _decode_reduce_kernel(
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     TILE_ALIGN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Program (seq, q head): merge the valid partitions' (m, l, acc) into softmax-weighted output.
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    if PDL:
+        gdc_wait()
     seq_len = tl.load(seq_lens_ptr + seq)
     num_valid = tl.cdiv(seq_len, _partition_size(seq_len, num_splits, TILE_ALIGN))
     s = tl.arange(0, SPLITS_PAD)
@@ -873,6 +911,8 @@ def paged_decode_attention(
     num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits, fp8)
     split = num_splits > 1
     wide = _wide_decode(fp8, split, batch * num_kv_heads, q.device)
+    merge = _DECODE_MERGE if split else ""
+    pdl = merge.startswith("pdl") and not INTERPRET
 
     if split:
         rows = batch * num_q_heads * num_splits
@@ -882,9 +922,10 @@ def paged_decode_attention(
     else:
         # Never dereferenced when SPLIT is off; the kernel still needs pointers.
         part_acc = part_m = part_l = out
+    counters = _fold_counters(q.device, batch * num_kv_heads) if merge == "fold" else seq_lens
 
     _decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, counters,
         k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
         scale * _LOG2E, num_q_heads, num_splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -902,17 +943,34 @@ def paged_decode_attention(
         DOT_PRECISION=_dot_precision(q.dtype),
         INTERPRET=INTERPRET,
         OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        FOLD=merge == "fold",
+        PDL_TRIGGER={"pdl-start": 1, "pdl-end": 2}.get(merge, 0) if pdl else 0,
         **_decode_launch_options(fp8, wide),
     )  # fmt: skip
-    if split:
+    if split and merge != "fold":
         _decode_reduce_kernel[(batch, num_q_heads)](
             out, part_acc, part_m, part_l, seq_lens, num_q_heads, num_splits,
             out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             HEAD_DIM=head_dim,
             TILE_ALIGN=_TILE_N,
+            PDL=pdl,
+            **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     return out
+
+
+_FOLD_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _fold_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one per (seq, kv head), kept across calls (the last program resets its own)."""
+    counters = _FOLD_COUNTERS.get(device)
+    if counters is None or counters.numel() < n:
+        counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _FOLD_COUNTERS[device] = counters
+    return counters
 
 
 def _wide_decode(fp8: bool, split: bool, programs: int, device: torch.device) -> bool:
