@@ -35,21 +35,23 @@ from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, ti
 from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench_throughput import hardware
 
+# How split launches merge their partials ("cur": folded into the decode kernel up to 8 splits, else the reduce kernel
+# under programmatic dependent launch).
+MERGES: dict[str, dict[str, Any]] = {
+    "reduce": {"_DECODE_FOLD_MAX_SPLITS": 0, "_DECODE_REDUCE_PDL": False},  # before the ninth pass
+    "reduce-pdl": {"_DECODE_FOLD_MAX_SPLITS": 0},
+    "fold-all": {"_DECODE_FOLD_MAX_SPLITS": 64},
+}
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
         "wide-always": {"_DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
         "wide-never": {"_DECODE_WIDE_MIN_WAVE_FILL": 2.0},
-        # How split launches merge their partials (_DECODE_MERGE; "" is the reduce kernel).
-        "pdl-start": {"_DECODE_MERGE": "pdl-start"},
-        "pdl-end": {"_DECODE_MERGE": "pdl-end"},
-        "fold": {"_DECODE_MERGE": "fold"},
+        **MERGES,
     },
     "bf16": {
         "cur": {},
-        "pdl-start": {"_DECODE_MERGE": "pdl-start"},
-        "pdl-end": {"_DECODE_MERGE": "pdl-end"},
-        "fold": {"_DECODE_MERGE": "fold"},
+        **MERGES,
     },
 }
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (48, 4096, 32, 8),

@@ -3,7 +3,7 @@ instruction mix of its main loop (issue 9).
 
     python3 scripts/decode-sass.py [--kv-dtype fp8|bf16] [--tile N] [--group G] [--head-dim D] [--block-size B]
                                    [--num-warps W] [--num-stages S] [--maxnreg R] [--offsets-64]
-                                   [--split/--no-split] [--merge fold|pdl-start|pdl-end]
+                                   [--split/--no-split] [--merge fold|reduce|pdl]
                                    [--splits N] [--top 25]
 
 Tile, warps, stages and register cap default to what `paged_decode_attention` launches with for the dtype and split
@@ -49,7 +49,7 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
                  "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": pa._TILE_N, "KV_FP8": fp8,
                  "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False, "OFFSETS_64": args.offsets_64,
                  "SPLITS_PAD": triton.next_power_of_2(args.splits), "FOLD": args.merge == "fold",
-                 "PDL_TRIGGER": {"pdl-start": 1, "pdl-end": 2}.get(args.merge, 0)}
+                 "PDL": args.merge == "pdl"}
     for name in constants:
         sig[name] = "constexpr"
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
@@ -115,8 +115,8 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, help="default: as launched; 0: the compiler's choice")
     ap.add_argument("--offsets-64", action="store_true", help="int64 cache offsets (a cache of 2^31+ elements)")
     ap.add_argument("--split", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--merge", default="", choices=["", "fold", "pdl-start", "pdl-end"],
-                    help="how split partials merge (the kernel's _DECODE_MERGE)")
+    ap.add_argument("--merge", default="fold", choices=["fold", "reduce", "pdl"],
+                    help="how split partials merge: folded in, by the reduce kernel, by the reduce kernel under PDL")
     ap.add_argument("--splits", type=int, default=2, help="split count the fold's merge is compiled for")
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()

@@ -44,7 +44,9 @@ def main() -> None:
             splits = str(x.get("num_splits") or "auto")
             print(f"  b{x['batch']} {x['num_q_heads']}:{x['num_kv_heads']} ctx {x['context']:6} {x['kv_dtype']:4}"
                   f"{table} splits {splits:4}={x['num_splits_run']:2}: {x['us_p50']:8.1f} us, "
-                  f"{x['kv_gb_per_s']:6.0f} GB/s, {100 * x.get('fraction_of_hbm', 0):3.0f}%")
+                  f"{x['kv_gb_per_s']:6.0f} GB/s, {100 * x.get('fraction_of_hbm', 0):3.0f}%"
+                  + (f"; kernels alone {x['kernel_us_p50']:8.1f} us, {100 * x.get('fraction_of_hbm_kernels', 0):3.0f}%"
+                     if "kernel_us_p50" in x else ""))
     for f in sorted(out.glob("profile-*.json")):
         r = json.loads(f.read_text())
         print(f"{f.stem}: {r['kernel_ms_per_step']:.2f} ms kernels/step, {r['kernels_per_step']:.0f} kernels/step")

@@ -127,6 +127,32 @@ def test_gpu_time_call_refuses_timings_the_host_got_into(monkeypatch: pytest.Mon
         ba.time_call(call, torch.device("cuda"), 1, 5)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kernel_times_sum_a_calls_kernels_without_the_gaps_between_them() -> None:
+    # Two kernels per call with 2 ms of host time between them: their summed durations, not the 2 ms.
+    a, b = torch.zeros(2**24, device="cuda"), torch.zeros(2**24, device="cuda")
+
+    def call() -> None:
+        a.add_(1)
+        time.sleep(0.002)
+        b.add_(2)
+
+    times = ba.kernel_times(call, torch.device("cuda"), 6)
+    assert len(times) == 6
+    assert all(0 < t < 500 for t in times), times  # us: two 64 MiB read-writes, tens of us each
+    assert float(a[0]) == 7 and float(b[0]) == 14  # the probe call and the 6 timed ones
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_attention_rows_report_the_kernels_alone_beside_the_events() -> None:
+    case = ba.AttentionCase(32, 4096, 32, 8, 128, "fp8")
+    row = ba.bench_case(case, torch.bfloat16, torch.device("cuda"), 3, 10, 4000.0)
+    assert 0 < row["kernel_us_p50"] <= row["us_p50"]
+    assert row["fraction_of_hbm_kernels"] == pytest.approx(row["kernel_gb_per_s"] / 4000.0)
+
+
 def test_the_attention_ab_scripts_variants_set_settings_the_kernel_module_has() -> None:
     # scripts/decode-attention-ab.py reads each setting's default before timing; a renamed one would fail on the GPU.
     spec = importlib.util.spec_from_file_location("decode_attention_ab", Path(__file__).parents[1] / "scripts" /

@@ -319,19 +319,41 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     _decode_against_ref(case, 2, None)
 
 
+# How split launches merge: (_DECODE_FOLD_MAX_SPLITS, _DECODE_REDUCE_PDL). PDL needs a GPU (off under the interpreter).
+MERGES = {"fold": (64, False), "reduce": (0, False), "reduce-pdl": (0, True)}
+
+
 @needs_triton
-@pytest.mark.parametrize("merge", ["", "fold", "pdl-start", "pdl-end"])
+@pytest.mark.parametrize("merge", list(MERGES))
 @pytest.mark.parametrize("fp8", [False, True], ids=["f32", "fp8"])
 def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyPatch, merge: str, fp8: bool) -> None:
     # Three splits of contexts below and past a partition, an empty sequence among them; twice, since the fold's
     # arrival counters must be back at zero for the next call.
-    monkeypatch.setattr(pa, "_DECODE_MERGE", merge)
+    fold_max, pdl = MERGES[merge]
+    monkeypatch.setattr(pa, "_DECODE_FOLD_MAX_SPLITS", fold_max)
+    monkeypatch.setattr(pa, "_DECODE_REDUCE_PDL", pdl)
+    decode, reduce = LaunchSpy(pa._decode_kernel), LaunchSpy(pa._decode_reduce_kernel)
+    monkeypatch.setattr(pa, "_decode_kernel", decode)
+    monkeypatch.setattr(pa, "_decode_reduce_kernel", reduce)
     case = PagedCase([1, 16, 0, 37, 130], 2, 16, 16, torch.float32, spare_table_entries=10)
     kv = quantize_fp8(case) if fp8 else None
     for _ in range(2):
         _decode_against_ref(case, 4, 3, fp8=kv, q_dtype=torch.bfloat16 if fp8 else None)
+    assert [k["FOLD"] for k in decode.launches] == [merge == "fold"] * 2
+    assert len(reduce.launches) == (0 if merge == "fold" else 2)
+    pdl_on = pdl and pa._has_pdl(DEVICE)
+    assert all(k["PDL"] is pdl_on and k.get("launch_pdl", False) is pdl_on for k in reduce.launches)
     if merge == "fold":
-        assert not pa._FOLD_COUNTERS[DEVICE].any()
+        assert not pa._FOLD_COUNTERS[case.seq_lens.device].any()
+
+
+def test_split_launches_fold_their_merge_up_to_8_splits() -> None:
+    assert pa._DECODE_FOLD_MAX_SPLITS == 8 and pa._DECODE_REDUCE_PDL
+    cpu = torch.device("cpu")
+    # The attention target (batch 32 x 8 kv heads at 4K) takes 2 splits; batch 8 at 4K 8 (both fold); batch 1 at 32K
+    # 64 (reduce kernel), on 132 SMs.
+    assert [pa.decode_num_splits(b * 8, c, cpu, fp8=True) for b, c in ((32, 4096), (8, 4096), (1, 32768))] == [2, 8, 64]
+    assert not pa._has_pdl(cpu)
 
 
 def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -> None:
@@ -776,14 +798,16 @@ def test_gpu_fp8_decode_real_shapes(num_q_heads: int, num_kv_heads: int, context
     _decode_against_ref(case, num_q_heads, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("merge", ["", "fold", "pdl-start", "pdl-end"])
+@pytest.mark.parametrize("merge", list(MERGES))
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPatch, merge: str, fp8: bool) -> None:
     # Batch 32 at 4K (2 splits for both dtypes), captured once and replayed on new queries and lengths: the PDL launch
     # must capture as a graph edge, the fold's counters must reset on every replay.
-    monkeypatch.setattr(pa, "_DECODE_MERGE", merge)
+    fold_max, pdl = MERGES[merge]
+    monkeypatch.setattr(pa, "_DECODE_FOLD_MAX_SPLITS", fold_max)
+    monkeypatch.setattr(pa, "_DECODE_REDUCE_PDL", pdl)
     seq_lens = [4096] * 28 + [4095, 1370, 17, 1]
     case = PagedCase(seq_lens, 8, 128, 16, torch.float32 if fp8 else torch.bfloat16)
     kv = quantize_fp8(case) if fp8 else None
@@ -811,7 +835,7 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
         want = pa.paged_attention_ref(q, k_cache, v_cache, case.block_tables, case.seq_lens, qsl, scale, **scales)
         _assert_close_for(out, want, torch.bfloat16, kv)
     if merge == "fold":
-        assert not pa._FOLD_COUNTERS[DEVICE].any()
+        assert not pa._FOLD_COUNTERS[q.device].any()
 
 
 @pytest.mark.gpu

@@ -38,9 +38,9 @@ def test_warm_up_leaves_no_trace(hf_checkpoint, settings: dict[str, Any]) -> Non
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(10))] == expected
 
 
-def _warm_up_steps(path: str, max_model_len: int) -> list[tuple[int, int, int]]:
+def _warm_up_steps(path: str, max_model_len: int, budget: int = 48) -> list[tuple[int, int, int]]:
     """(tokens, sequences, decodes) of each step the warm-up runs, budget 48 tokens and 8 sequences."""
-    llm = LLM(path, dtype="float32", max_model_len=max_model_len, max_num_batched_tokens=48, max_num_seqs=8,
+    llm = LLM(path, dtype="float32", max_model_len=max_model_len, max_num_batched_tokens=budget, max_num_seqs=8,
               block_size=4)
     engine = llm.engine
     steps: list[tuple[int, int, int]] = []  # (tokens, sequences, decodes)
@@ -72,3 +72,12 @@ def test_warm_up_chunks_stop_at_max_model_len_below_the_budget(hf_checkpoint) ->
     assert (40, 1, 0) in steps  # one sequence's chunk: max_model_len, not the 48-token budget
     assert (48, 8, 0) in steps  # 8 prompts of 6 tokens still fill the budget
     assert (7 + 40, 8, 7) in steps  # 7 decodes beside a 40-token chunk
+
+
+def test_warm_up_runs_one_chunk_of_each_ladder_size_below_the_budget(hf_checkpoint) -> None:
+    # GEMM kernels are picked by size and loaded on first use: the sizes between the small steps and the budget.
+    steps = _warm_up_steps(str(hf_checkpoint("qwen3")), 512, budget=1000)
+    singles = {s[0] for s in steps if s[1] == 1 and s[2] == 0}
+    assert {64, 96, 128, 192, 256, 384, 512} <= singles  # 768 is cut at max_model_len (512)
+    assert not singles & {768, 1024, 1536}
+    assert (1000, 8, 0) in steps  # and the budget steps after them

@@ -1,19 +1,23 @@
 """What the first run of the throughput workload pays that the second does not (issue 9, ninth pass).
 
-    python3 first_run.py MODEL OUT_JSON [--workload 256,100,1024] [--engine-args JSON]
+    python3 first_run.py MODEL OUT_JSON [--workload 256,100,1024] [--engine-args JSON] [--profile OUT_TXT]
 
 One engine (fp8 KV cache, defaults otherwise), the 2-prompt warm-up of `governor bench throughput`, then the workload
 twice. Per `engine.step()` call: its wall time, the Triton kernel variants compiled so far (every JIT function of
 governor.kernels, all devices) and the caching allocator's device allocations (`num_device_alloc`). Modules the CUDA
 driver loads lazily (cuBLAS kernels on first use) are not visible from here: run the script again under
 CUDA_MODULE_LOADING=EAGER to compare. Prints the steps whose first-run time exceeds the second run's by > 2 ms.
+`--profile`: the host's cProfile (cumulative, top 25) of each run's first 5 and last 5 step calls, written there.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import time
 from typing import Any
 
@@ -48,6 +52,7 @@ def main() -> None:
     ap.add_argument("out_json")
     ap.add_argument("--workload", default="256,100,1024", help="prompts,input_len,output_len")
     ap.add_argument("--engine-args", default="{}", help="JSON, e.g. for a CPU check of the script")
+    ap.add_argument("--profile", help="text file for the host profiles of each run's first and last 5 steps")
     args = ap.parse_args()
     n, i, o = (int(x) for x in args.workload.split(","))
     runs: list[dict[str, Any]] = []
@@ -62,17 +67,27 @@ def main() -> None:
         result["after_warm_up"] = {"compiled": compiled_variants(), "device_allocs": device_allocs()}
         steps: list[dict[str, Any]] = []
         step = eng.step
+        profiles = {k: cProfile.Profile() for k in ("first", "last")}
+        expected_steps: list[int] = [10**9]  # the previous run's step count (the last 5 are profiled from it)
 
         def timed_step() -> Any:
+            k = len(steps)
+            prof = (profiles["first"] if k < 5 else profiles["last"] if k >= expected_steps[0] - 5 else None)
             t = time.perf_counter()
+            if args.profile and prof is not None:
+                prof.enable()
             r = step()
+            if args.profile and prof is not None:
+                prof.disable()
             steps.append({"s": time.perf_counter() - t, "compiled": compiled_variants(),
                           "device_allocs": device_allocs()})
             return r
 
         eng.step = timed_step  # type: ignore[method-assign]
+        text = io.StringIO()
         for rnd in range(2):
             steps.clear()
+            profiles = {k: cProfile.Profile() for k in ("first", "last")}
             with startup_objects_frozen():
                 sync_device()
                 t0 = time.perf_counter()
@@ -87,6 +102,16 @@ def main() -> None:
                   flush=True)
             with open(args.out_json, "w") as f:
                 json.dump(result, f, indent=2)
+            expected_steps[0] = len(steps)
+            if args.profile:
+                for name, prof in profiles.items():
+                    if rnd == 0 and name == "last":
+                        continue  # run 0 did not know its step count yet; run 1 profiles its last steps
+                    text.write(f"=== run {rnd}, {name} 5 steps\n")
+                    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+        if args.profile:
+            with open(args.profile, "w") as f:
+                f.write(text.getvalue())
     a, b = runs[0]["steps"], runs[1]["steps"]
     start = result["after_warm_up"]
     print("after warm-up:", start)

@@ -15,8 +15,11 @@ same process (`bench_latency.hbm_bandwidth_gb_per_s`, read and write counted).
 Timing on CUDA: warm-up calls first (Triton compilation, allocator), then `iters` calls, each preceded by
 a write of a 256 MiB buffer that evicts L2 (so K/V come from HBM), each between its own CUDA events,
 all enqueued while the GPU sleeps (`time_call`: no host time between the events); the median is reported
-(mean too). Off CUDA (tests, TRITON_INTERPRET=1) the same flow is timed by the
-wall clock; those numbers mean nothing.
+(mean too). The events also take in the launch latency before the first kernel, any gap between the decode and
+reduce kernels and the end event's; so on CUDA the kernels' own device time is reported beside it (`kernel_us_p50`,
+`kernel_gb_per_s`, `fraction_of_hbm_kernels`: torch.profiler's durations of the call's kernels, summed per call,
+median over `iters` calls with the same L2 flush; `kernel_times`). Off CUDA (tests, TRITON_INTERPRET=1) the same
+flow is timed by the wall clock; those numbers mean nothing.
 
 The block table is a random permutation of the cache's blocks by default (an engine's table after
 churn); `table="contiguous"` lays each sequence's blocks out in order, which isolates the cost of the
@@ -165,6 +168,37 @@ def _time_chunk(fn: Any, flush: torch.Tensor, n: int, host_s: float) -> list[flo
                        f"{1e3 * host_s:.2f} ms of host time each); the timings would include host time")
 
 
+def kernel_times(fn: Any, device: torch.device, iters: int) -> list[float]:
+    """Microseconds of device time of the kernels each of `iters` calls of `fn` launches (CUDA only), summed per call,
+    L2 flushed before each. The kernels are those one call launches (profiled alone first); their durations come
+    from torch.profiler (CUPTI), so launch latency and gaps between them are left out. `fn` must launch the same
+    kernels on every call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def gpu_events(prof: Any) -> list[Any]:
+        return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                      key=lambda e: e.time_range.start)
+
+    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as probe:
+        fn()
+        torch.cuda.synchronize(device)
+    names = [e.name for e in gpu_events(probe)]
+    if not names:
+        raise RuntimeError("kernel_times: the call launched no kernel the profiler saw")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize(device)
+    mine = [e for e in gpu_events(prof) if e.name in set(names)]
+    if len(mine) != iters * len(names):
+        raise RuntimeError(f"kernel_times: {len(mine)} kernels for {iters} calls of {len(names)} ({names})")
+    k = len(names)
+    return [sum(e.time_range.elapsed_us() for e in mine[i:i + k]) for i in range(0, len(mine), k)]
+
+
 def bench_case(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, warmup: int, iters: int,
                hbm_gb_per_s: float | None, seed: int = 0) -> dict[str, Any]:
     from governor.kernels.paged_attention import paged_decode_attention
@@ -187,8 +221,14 @@ def bench_case(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, 
                            "us_p50": 1e3 * ms, "us_mean": 1e3 * statistics.fmean(times),
                            "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
                            "kv_gb_per_s": nbytes / (ms * 1e-3) / 1e9}
+    if device.type == "cuda":
+        kernel_us = sorted(kernel_times(call, device, iters))
+        row["kernel_us_p50"] = kernel_us[len(kernel_us) // 2]
+        row["kernel_gb_per_s"] = nbytes / (row["kernel_us_p50"] * 1e-6) / 1e9
     if hbm_gb_per_s:
         row["fraction_of_hbm"] = row["kv_gb_per_s"] / hbm_gb_per_s
+        if "kernel_gb_per_s" in row:
+            row["fraction_of_hbm_kernels"] = row["kernel_gb_per_s"] / hbm_gb_per_s
     return row
 
 

@@ -282,9 +282,15 @@ def _run(args: argparse.Namespace) -> int:
         def show(partial: dict[str, Any]) -> None:
             r = partial["rows"][-1]
             frac = f", {100 * r['fraction_of_hbm']:.0f}% of HBM copy" if "fraction_of_hbm" in r else ""
+            kernels = ""
+            if "kernel_us_p50" in r:
+                kernels = f"; kernels alone {r['kernel_us_p50']:.1f} us"
+                if "fraction_of_hbm_kernels" in r:
+                    kernels += f", {100 * r['fraction_of_hbm_kernels']:.0f}%"
             print(f"batch {r['batch']} ctx {r['context']} {r['num_q_heads']}:{r['num_kv_heads']}x{r['head_dim']} "
                   f"{r['kv_dtype']} block {r['block_size']} {r['table']} splits {r['num_splits'] or 'auto'}"
-                  f"={r['num_splits_run']}: {r['us_p50']:.1f} us p50, {r['kv_gb_per_s']:.0f} GB/s{frac}", flush=True)
+                  f"={r['num_splits_run']}: {r['us_p50']:.1f} us p50, {r['kv_gb_per_s']:.0f} GB/s{frac}{kernels}",
+                  flush=True)
             ba.write_envelope(partial, args.output_json)
 
         result = ba.bench_attention(cases, ba.KV_DTYPES[args.q_dtype], args.device, args.warmup, args.iters, show)

@@ -225,7 +225,7 @@ class LLMEngine:
         params = SamplingParams(temperature=0.0, max_tokens=1)
         # (decodes, prefill chunk lengths): decodes are 6-token sequences with their last token to compute.
         steps = [(0, (32,)), (0, (33,)), (0, (17, 16)), (1, (16,)), (3, (29,)), (16, (17,)), (16, (16,))]
-        steps += self._budget_steps()
+        steps += self._ladder_steps() + self._budget_steps()
         for num_decodes, prefills in steps:
             scheduled = []
             for _ in range(num_decodes):
@@ -248,6 +248,18 @@ class LLMEngine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         log.info("kernels of prefill and mixed steps compiled in %.1f s", time.perf_counter() - t0)
+
+    def _ladder_steps(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Warm-up prefill steps of 64 * 2^k and 96 * 2^k tokens below the token budget (one chunk each, at most
+        max_model_len), so the GEMMs of the step sizes between the small steps and the budget run once here.
+        cuBLAS picks its kernels by problem size, and CUDA loads a kernel's module on its first launch (lazy
+        loading, torch's default). On an H200 (qwen3-0.6b shape, 256 x 100 -> 1,024 tokens, fp8 KV), the first
+        run's first mixed step (243 decodes beside 13 prompt chunks, 1,511 tokens) took 75.4 ms against 18.2 in a
+        second run, and 43.6 against 26.8 with CUDA_MODULE_LOADING=EAGER; the first run was 57.3K tok/s against
+        58.8K under eager loading (docs/benchmarks.md, issue 9, ninth pass)."""
+        cap = self.config.tokens_cap
+        sizes = sorted({b << k for b in (64, 96) for k in range(20) if (b << k) < cap})
+        return [(0, (min(n, self.max_model_len),)) for n in sizes]
 
     def _budget_steps(self) -> list[tuple[int, tuple[int, ...]]]:
         """Warm-up steps of the hard token budget (decodes, prefill chunk lengths): one sequence's chunk,

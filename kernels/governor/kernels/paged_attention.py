@@ -37,6 +37,8 @@ fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -116,11 +118,17 @@ _SPLIT_MAX = 64
 # heads: 2 splits, 512 programs on 528 slots; rounding up gave 3, 1.45 waves).
 _PROGRAMS_PER_SM = 3
 _PROGRAMS_PER_SM_FP8 = 4
-# Split launches' merge (issue 9, ninth pass, experimental): "" runs the reduce kernel after the decode kernel;
-# "pdl-start" / "pdl-end" launch it with programmatic dependent launch (its programs wait in `gdc_wait` for the decode
-# kernel's memory; the decode programs signal at their start / after their stores); "fold": no reduce kernel -- each
-# decode program stores its partial and counts in on a per-(seq, kv head) counter, and the last one merges.
-_DECODE_MERGE = ""
+# How split launches merge their partials. Up to _DECODE_FOLD_MAX_SPLITS splits the decode kernel does it: each
+# program stores its partial, counts in on a per-(seq, kv head) counter (`_fold_counters`) and the last one merges and
+# resets the counter -- no second kernel. More splits run the reduce kernel, launched with programmatic dependent launch
+# where the GPU has it (`_DECODE_REDUCE_PDL`, sm_90+): the decode programs signal once their partials are stored, the
+# reduce's programs start early and wait in `gdc_wait` for the decode kernel's memory. H200, bf16 q, batch 32 at 4K (2
+# splits), µs for the whole call against the reduce kernel launched plainly: fp8 94.5 -> 91.8 folded, 92.7 PDL; bf16
+# 139.6 -> 136.4 folded, 137.9 PDL; folding also wins at 4 and 8 splits (batch 16 at 8K, 8 at 4K: -3 and -2 us) and
+# loses at 64 (batch 1 at 32K: 35.8 -> 46 us, one program merging 64 partials), where PDL gains 1.6 us. Measured at
+# 2, 4, 8 and 64 splits only (docs/benchmarks.md, issue 9, ninth pass).
+_DECODE_FOLD_MAX_SPLITS = 8
+_DECODE_REDUCE_PDL = True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -721,15 +729,13 @@ def _decode_kernel(
     OFFSETS_64: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     FOLD: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Program (seq, kv head, partition): all GROUP query heads of the kv head at once, so each K/V
     # row is read once per group. Rows >= GROUP are padding (tl.dot needs >= 16 rows).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if PDL_TRIGGER == 1:
-        gdc_launch_dependents()
     seq_len = tl.load(seq_lens_ptr + seq)
     if SPLIT:
         # Partitions past seq_len run no tiles; the reduce ignores them (it recounts valid ones).
@@ -775,8 +781,8 @@ def _decode_kernel(
         tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=row_valid[:, None])
         tl.store(part_m_ptr + row, m_i, mask=row_valid)
         tl.store(part_l_ptr + row, l_i, mask=row_valid)
-        if PDL_TRIGGER == 2:
-            gdc_launch_dependents()
+        if PDL:
+            gdc_launch_dependents()  # the reduce's programs may start (they wait for this kernel's memory)
         if FOLD:
             # Every program of the pair stores first (the barrier orders the warps' stores before the release).
             pair = seq * (num_q_heads // GROUP) + kv_head
@@ -885,7 +891,8 @@ def paged_decode_attention(
 
     Each query sits at position `seq_lens[b] - 1` and attends to the whole context. One program
     per (sequence, kv head) serves the GQA group; for long contexts over few programs the context
-    is also split into partitions (split-KV) merged by a small reduce kernel.
+    is also split into partitions (split-KV), merged by the last program of each (sequence, kv head) or,
+    past _DECODE_FOLD_MAX_SPLITS partitions, by a small reduce kernel.
 
     `num_splits`: None picks automatically (from `max_seq_len` if given, else the block-table
     capacity, so no host sync and the choice is stable under CUDA graphs); 1 disables split-KV.
@@ -911,8 +918,8 @@ def paged_decode_attention(
     num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits, fp8)
     split = num_splits > 1
     wide = _wide_decode(fp8, split, batch * num_kv_heads, q.device)
-    merge = _DECODE_MERGE if split else ""
-    pdl = merge.startswith("pdl") and not INTERPRET
+    fold = split and num_splits <= _DECODE_FOLD_MAX_SPLITS
+    pdl = split and not fold and _DECODE_REDUCE_PDL and _has_pdl(q.device)
 
     if split:
         rows = batch * num_q_heads * num_splits
@@ -922,7 +929,7 @@ def paged_decode_attention(
     else:
         # Never dereferenced when SPLIT is off; the kernel still needs pointers.
         part_acc = part_m = part_l = out
-    counters = _fold_counters(q.device, batch * num_kv_heads) if merge == "fold" else seq_lens
+    counters = _fold_counters(q.device, batch * num_kv_heads) if fold else seq_lens  # seq_lens: never used
 
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, counters,
@@ -944,11 +951,11 @@ def paged_decode_attention(
         INTERPRET=INTERPRET,
         OFFSETS_64=_needs_int64_offsets(k_cache, v_cache),
         SPLITS_PAD=triton.next_power_of_2(num_splits),
-        FOLD=merge == "fold",
-        PDL_TRIGGER={"pdl-start": 1, "pdl-end": 2}.get(merge, 0) if pdl else 0,
+        FOLD=fold,
+        PDL=pdl,
         **_decode_launch_options(fp8, wide),
     )  # fmt: skip
-    if split and merge != "fold":
+    if split and not fold:
         _decode_reduce_kernel[(batch, num_q_heads)](
             out, part_acc, part_m, part_l, seq_lens, num_q_heads, num_splits,
             out.stride(0), out.stride(1),
@@ -965,12 +972,24 @@ _FOLD_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def _fold_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters, one per (seq, kv head), kept across calls (the last program resets its own)."""
+    """At least n zeroed int32 arrival counters on `device`, one per (seq, kv head) of a folded launch, kept across
+    calls: the last program of each pair resets its counter, so they are zero between calls (and CUDA-graph replays).
+    Folded launches on one device must therefore not run concurrently (the engine runs its steps on one stream).
+    Split launches have fewer (seq, kv head) programs than the GPU has program slots, so 4,096 covers them; a
+    larger count (an explicit num_splits) reallocates -- if that happens while a CUDA graph is captured, the zeroing
+    is captured with it and reruns on each replay, which is harmless."""
     counters = _FOLD_COUNTERS.get(device)
     if counters is None or counters.numel() < n:
         counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _FOLD_COUNTERS[device] = counters
     return counters
+
+
+@functools.cache
+def _has_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (and Triton's gdc_* instructions): CUDA devices of compute capability 9.0+, and
+    not under the interpreter."""
+    return not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _wide_decode(fp8: bool, split: bool, programs: int, device: torch.device) -> bool:
