@@ -228,3 +228,43 @@ def test_model_digest_tracks_weight_contents(qwen3: Path, tmp_path: Path) -> Non
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     assert model_digest(copy) != model_digest(qwen3)
+
+
+# --- texts of finished requests ---------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_decode_batch_gives_each_lists_decode(hf_checkpoint, arch: str) -> None:
+    from governor.engine.tokenizer import decode_batch, load_tokenizer
+
+    tok = load_tokenizer(hf_checkpoint(arch))
+    gen = torch.Generator().manual_seed(3)
+    lists = [torch.randint(0, len(tok), (n,), generator=gen).tolist() for n in (0, 1, 7, 300)]
+    lists.append(tok.all_special_ids + lists[3][:20])  # special tokens kept or skipped
+    for skip in (True, False):
+        assert decode_batch(tok, lists, skip) == [tok.decode(ids, skip_special_tokens=skip) for ids in lists]
+
+
+def test_decode_batch_decodes_one_at_a_time_where_batching_could_differ(hf_checkpoint,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from governor.engine.tokenizer import decode_batch, load_tokenizer
+
+    tok = load_tokenizer(hf_checkpoint("qwen3"))
+    batched: list[int] = []
+    backend = tok.backend_tokenizer
+    monkeypatch.setattr(type(backend), "decode_batch", lambda self, *a, **k: batched.append(1) or [], raising=False)
+    lists = [[5, 6, 7], [8, 9]]
+    monkeypatch.setattr(tok, "clean_up_tokenization_spaces", True)  # transformers' clean-up runs per decode
+    assert decode_batch(tok, lists, True) == [tok.decode(ids, skip_special_tokens=True) for ids in lists]
+    assert not batched
+
+
+def test_requests_ending_in_one_step_get_the_texts_of_their_tokens(llm: LLM) -> None:
+    # Equal lengths: every request ends in the same step, whose texts are decoded together.
+    prompts = mixed_prompts(6, seed=21)
+    outs = llm.generate(prompts, [greedy(9), SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True,
+                                                            skip_special_tokens=False)] * 3)
+    tok = llm.engine.tokenizer
+    for i, o in enumerate(outs):
+        c = o.outputs[0]
+        assert c.text == tok.decode(c.token_ids, skip_special_tokens=i % 2 == 0)
+    assert not llm.engine._untexted

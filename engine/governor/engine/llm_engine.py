@@ -30,7 +30,7 @@ from governor.engine.sequence import Sequence, SequenceStatus
 from governor.engine.spec.draft_model import DraftModelProposer
 from governor.engine.spec.proposer import NgramProposer, Proposer
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
-from governor.engine.tokenizer import load_tokenizer
+from governor.engine.tokenizer import decode_batch, load_tokenizer
 from governor.engine.tp.group import (
     SINGLE,
     TPGroup,
@@ -187,6 +187,7 @@ class LLMEngine:
         # their events) for the tokens of the step being read and the one launched meanwhile, in turn.
         self._async = config.async_scheduling and self.tp.size == 1
         self._in_flight: _InFlight | None = None
+        self._untexted: list[tuple[CompletionOutput, bool]] = []  # outputs of this step awaiting text (_fill_texts)
         pin = self.device.type == "cuda"
         self._readback = [(torch.empty(config.seqs_cap, dtype=torch.int64, pin_memory=pin),
                            torch.cuda.Event() if pin else None) for _ in range(2)]
@@ -438,7 +439,16 @@ class LLMEngine:
         one is already certain (`Scheduler.schedule_continuation`): its tokens are fed on the device,
         and the host reads and handles this step's tokens while the device runs it. That step is then
         the one in flight between calls, and the next call launches the one after it before reading it.
-        Each call still returns the tokens of one step, as soon as they are on the host."""
+        Each call still returns the tokens of one step, as soon as they are on the host. Finished
+        outputs get their text at the end, decoded together (`_fill_texts`)."""
+        try:
+            return self._step()
+        finally:
+            if self._untexted:
+                self._fill_texts()
+
+    def _step(self) -> StepResult:
+        """`step` before the finished outputs' texts."""
         result = StepResult([], [])
         self._expire_deadlines(result)
         prev, self._in_flight = self._in_flight, None
@@ -574,16 +584,17 @@ class LLMEngine:
         return True
 
     def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
-        result.finished.append(self._end(req, reason))
+        result.finished.append(self._end(req, reason, defer_text=True))
 
-    def _end(self, req: _Request, reason: str) -> RequestOutput:
-        """End a live request: free its blocks and proposer state, count it, forget it; its final output."""
+    def _end(self, req: _Request, reason: str, defer_text: bool = False) -> RequestOutput:
+        """End a live request: free its blocks and proposer state, count it, forget it; its final output
+        (`defer_text`: text left to `_fill_texts` at the end of the step, where it has to be decoded)."""
         self.scheduler.finish(req.seq, reason)
         if self.proposer is not None:
             self.proposer.release(req.seq)
         self.counters["requests_finished"] += 1
         self._forget(req.seq.request_id)
-        return self._output(req)
+        return self._output(req, defer_text)
 
     def _forget(self, request_id: str) -> _Request | None:
         """Drop a request from the live ones (and from `_num_not_argmax` and `_deadlines`); None if unknown."""
@@ -697,22 +708,36 @@ class LLMEngine:
         req.emitted = end
         return delta
 
+    def _fill_texts(self) -> None:
+        """Decode the texts `_output` deferred in this step, together (`tokenizer.decode_batch`): when many
+        requests end in one step (a batch of equal lengths), one batched decode instead of one each."""
+        untexted, self._untexted = self._untexted, []
+        for skip in (True, False):
+            group = [c for c, s in untexted if s is skip]
+            if group:
+                texts = decode_batch(self.tokenizer, [c.token_ids for c in group], skip)
+                for completion, text in zip(group, texts, strict=True):
+                    completion.text = text
+
     def detokenize(self, seq: Sequence) -> str:
         return str(self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
 
-    def _output(self, req: _Request) -> RequestOutput:
+    def _output(self, req: _Request, defer_text: bool = False) -> RequestOutput:
         seq = req.seq
+        undecoded = req.final_text is None and req.detok is None
         if req.final_text is not None:
             text = req.final_text
         elif req.detok is not None:
             text = req.detok.text
         else:
-            text = self.detokenize(seq)
+            text = "" if defer_text else self.detokenize(seq)
         cumulative = None
         if seq.logprobs:
             cumulative = sum(lp[t] for lp, t in zip(seq.logprobs, seq.output_token_ids, strict=False))
         completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason,
                                       list(seq.logprobs) if seq.params.logprobs is not None else None, cumulative)
+        if undecoded and defer_text:
+            self._untexted.append((completion, seq.params.skip_special_tokens))
         now = time.monotonic()
         metrics = {"arrival": req.arrival, "finished": now, "e2e_s": now - req.arrival,
                    "preemptions": float(seq.num_preemptions)}
