@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # Ninth pass, call 5 (a fresh machine): every single-GPU test marked gpu on the pass's last code, then the
-# throughput target once more (fp8 KV engine, then transformers).
+# throughput target once more (fp8 KV engine, then transformers). As first run, the test collection failed (the
+# operator's and tuner's test modules need packages the GPU machine lacks: the files are named now) and
+# transformers' run passed its 110 s limit; call 6 reran both on the same machine (CALL6=1: only those).
 set -uo pipefail
 T0=$SECONDS
 . scripts/gpu-prelude.sh /tmp/e9-dry
 . scripts/gpu-issue9-presets.sh
 exec > >(tee -a "$OUT/run.log") 2>&1
 echo "=== gpu tests $(date -u +%T)"
-timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_tensor_parallel.py 2>&1 | tail -4
-timeout 60 python3 -m governor.engine make-model /tmp/q3 --arch qwen3 --preset qwen3-0.6b --dtype bfloat16 --device cuda 2>&1 | tail -1
-for b in governor hf; do
+timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_async_scheduling.py tests/test_bench_attention.py \
+  tests/test_cuda_graphs.py tests/test_engine_gpu.py tests/test_kernels_elementwise.py tests/test_kernels_gemv.py \
+  tests/test_kernels_paged_attention.py tests/test_step_fast_paths.py 2>&1 | tail -4
+[ -f /tmp/q3/config.json ] || timeout 60 python3 -m governor.engine make-model /tmp/q3 --arch qwen3 --preset qwen3-0.6b --dtype bfloat16 --device cuda 2>&1 | tail -1
+for b in $([ "${CALL6:-0}" = 1 ] && echo hf || echo governor hf); do
   echo "=== $b $(date -u +%T)"
   extra=(--kv-cache-dtype fp8)
   [ $b = hf ] && extra=(--backend hf --hf-batch-size 256 --hf-cache-implementation static --hf-warmup-tokens 32 --hf-progress-every 256)
-  timeout 110 python3 -m governor.engine bench throughput --model /tmp/q3 "${W[@]}" "${extra[@]}" \
+  timeout 170 python3 -m governor.engine bench throughput --model /tmp/q3 "${W[@]}" "${extra[@]}" \
     --output-json "$OUT/thr-$b.json" > "$OUT/thr-$b.log" 2>&1
   python3 -c "import json; r=json.load(open('$OUT/thr-$b.json'))['result']; print('$b', round(r['output_tokens_per_s']), 'tok/s', round(r['elapsed_s'], 2), 's')"
 done
