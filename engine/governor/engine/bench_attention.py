@@ -1,14 +1,14 @@
 """`governor bench attention`: the paged decode attention kernel alone, its achieved bandwidth against HBM.
 
-Each case is one `paged_decode_attention` call (the decode kernel, plus the split-KV reduce kernel when
-the context is split) on a batch of sequences that all hold `context` tokens in a paged cache of
+Each case is one `paged_decode_attention` call (the decode kernel; when the context is split into more
+partitions than the decode kernel merges itself, the split-KV reduce kernel too) on a batch of sequences that all hold `context` tokens in a paged cache of
 `block_size`-token blocks. The achieved bandwidth is the K/V bytes the call must read over its time:
 
     kv_bytes = 2 (K and V) * batch * context * num_kv_heads * head_dim * bytes per cache element
                (+ 2 * num_kv_heads * 4 for an fp8 cache's per-head float32 scales)
 
 Not counted (each is recorded as `other_bytes`): q and the output, the block table (4 bytes per block)
-and the split-KV partials (float32 acc, m, l written by the decode kernel and read by the reduce).
+and the split-KV partials (float32 acc, m, l written by the decode programs and read back by the merge).
 The fraction is `kv_gb_per_s` over the HBM bandwidth of a 1 GiB device-to-device copy measured in the
 same process (`bench_latency.hbm_bandwidth_gb_per_s`, read and write counted).
 
@@ -116,7 +116,7 @@ def time_call(fn: Any, device: torch.device, warmup: int, iters: int) -> list[fl
     """Milliseconds of each of `iters` calls of `fn` after `warmup` calls (CUDA: events, L2 flushed first).
 
     On CUDA the GPU sleeps while the host enqueues the timed calls, so no event pair can take in host time: a
-    short call's launches (Python, argument checks, two Triton launches when split) can take longer on the host
+    short call's launches (Python, argument checks, one or two Triton launches) can take longer on the host
     than the call on the GPU, and a GPU that catches up with the host then idles between its own events. The calls
     go in chunks of at most `_SLEEP_CHUNK`, one sleep each, so the launch queue never fills while the GPU sleeps.
     If the GPU wakes before the host has enqueued a chunk's last call (a stalled host), the chunk is timed again

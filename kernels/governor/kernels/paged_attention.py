@@ -122,11 +122,11 @@ _PROGRAMS_PER_SM_FP8 = 4
 # program stores its partial, counts in on a per-(seq, kv head) counter (`_fold_counters`) and the last one merges and
 # resets the counter -- no second kernel. More splits run the reduce kernel, launched with programmatic dependent launch
 # where the GPU has it (`_DECODE_REDUCE_PDL`, sm_90+): the decode programs signal once their partials are stored, the
-# reduce's programs start early and wait in `gdc_wait` for the decode kernel's memory. H200, bf16 q, batch 32 at 4K (2
-# splits), µs for the whole call against the reduce kernel launched plainly: fp8 94.5 -> 91.8 folded, 92.7 PDL; bf16
-# 139.6 -> 136.4 folded, 137.9 PDL; folding also wins at 4 and 8 splits (batch 16 at 8K, 8 at 4K: -3 and -2 us) and
-# loses at 64 (batch 1 at 32K: 35.8 -> 46 us, one program merging 64 partials), where PDL gains 1.6 us. Measured at
-# 2, 4, 8 and 64 splits only (docs/benchmarks.md, issue 9, ninth pass).
+# reduce's programs start early and wait in `gdc_wait` for the decode kernel's memory. H200, bf16 q, µs a call against
+# the reduce kernel launched plainly: batch 32 at 4K (2 splits) fp8 95.2 -> 92.7 folded, 93.8 under PDL, bf16 142.3 ->
+# 138.9 / 140.3; batch 16 at 8K (4) and 8 at 4K (7-8) also faster folded; batch 1 at 32K (47-64 splits, one program
+# merging them all) 36.3 -> 46.4 folded, 34.7 under PDL (fp8). Measured at 2, 4, 7, 8, 47 and 64 splits only
+# (docs/benchmarks.md, issue 9, ninth pass).
 _DECODE_FOLD_MAX_SPLITS = 8
 _DECODE_REDUCE_PDL = True
 
