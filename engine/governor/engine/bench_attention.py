@@ -2,7 +2,8 @@
 
 Each case is one `paged_decode_attention` call (the decode kernel; when the context is split into more
 partitions than the decode kernel merges itself, the split-KV reduce kernel too) on a batch of sequences
-that all hold `context` tokens in a paged cache of `block_size`-token blocks. The achieved bandwidth is the K/V bytes the call must read over its time:
+that all hold `context` tokens in a paged cache of `block_size`-token blocks. The achieved bandwidth is
+the K/V bytes the call must read over its time:
 
     kv_bytes = 2 (K and V) * batch * context * num_kv_heads * head_dim * bytes per cache element
                (+ 2 * num_kv_heads * 4 for an fp8 cache's per-head float32 scales)
