@@ -28,10 +28,9 @@ import time
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import governor.kernels.paged_attention as pa
-from governor.engine.bench_attention import AttentionCase, _inputs, kv_bytes, time_call
+from governor.engine.bench_attention import AttentionCase, _inputs, kernel_times, kv_bytes, time_call
 from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench_throughput import hardware
 
@@ -68,22 +67,6 @@ def _splits(mod: Any, programs: int, context: int, device: torch.device, fp8: bo
         return int(mod.decode_num_splits(programs, bound, device))
 
 
-def kernel_us(call: Any, device: torch.device) -> dict[str, float]:
-    """Median device time (us) of each kernel a call launches, over 20 calls each after an L2 flush (the flush's
-    own kernel left out)."""
-    flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            flush.zero_()
-            call()
-        torch.cuda.synchronize()
-    per: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and "decode" in ev.name:
-            per.setdefault(ev.name, []).append(ev.device_time_total)
-    return {name: round(sorted(v)[len(v) // 2], 2) for name, v in per.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out_json")
@@ -94,7 +77,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="another paged_attention.py to time as the variant 'baseline'")
     parser.add_argument("--variants", default="", help="only these variants (comma list; default: all of the group)")
     parser.add_argument("--kernels", action="store_true",
-                        help="also each kernel's median device time over 20 profiled calls (torch.profiler)")
+                        help="also the call's kernels' device time, median of 20 calls (bench_attention.kernel_times)")
     args = parser.parse_args()
     baseline = None
     if args.baseline:
@@ -138,7 +121,8 @@ def main() -> None:
                            "kv_gb_per_s": gbs, "fraction_of_hbm": gbs / hbm,
                            "max_abs_diff_vs_first": float((out.float() - first.float()).abs().max())}
                     if args.kernels:
-                        row["kernel_us"] = kernel_us(call, device)
+                        kernels = sorted(kernel_times(call, device, 20))
+                        row["kernel_us"] = round(kernels[len(kernels) // 2], 2)
                     rows.append(row)
                     print(f"{group} {row['case']:>24} {name:>15} r{rnd} splits={row['splits']} "
                           f"p50 {row['us_p50']:8.1f} min {row['us_min']:8.1f} max {row['us_max']:8.1f} us "

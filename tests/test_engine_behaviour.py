@@ -233,33 +233,32 @@ def test_model_digest_tracks_weight_contents(qwen3: Path, tmp_path: Path) -> Non
 # --- texts of finished requests ---------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_decode_batch_gives_each_lists_decode(hf_checkpoint, arch: str) -> None:
-    from governor.engine.tokenizer import decode_batch, load_tokenizer
+def test_decoder_gives_the_tokenizers_decode_through_its_rust_tokenizer(hf_checkpoint, arch: str) -> None:
+    from governor.engine.tokenizer import decoder, load_tokenizer
 
     tok = load_tokenizer(hf_checkpoint(arch))
+    decode = decoder(tok)
+    assert decode.__name__ == "rust"  # plain fast tokenizers, no space clean-up: the direct path
     gen = torch.Generator().manual_seed(3)
     lists = [torch.randint(0, len(tok), (n,), generator=gen).tolist() for n in (0, 1, 7, 300)]
     lists.append(tok.all_special_ids + lists[3][:20])  # special tokens kept or skipped
     for skip in (True, False):
-        assert decode_batch(tok, lists, skip) == [tok.decode(ids, skip_special_tokens=skip) for ids in lists]
+        assert [decode(ids, skip) for ids in lists] == [tok.decode(ids, skip_special_tokens=skip) for ids in lists]
 
 
-def test_decode_batch_decodes_one_at_a_time_where_batching_could_differ(hf_checkpoint,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from governor.engine.tokenizer import decode_batch, load_tokenizer
+def test_decoder_goes_through_decode_where_transformers_cleans_up_spaces(hf_checkpoint,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from governor.engine.tokenizer import decoder, load_tokenizer
 
     tok = load_tokenizer(hf_checkpoint("qwen3"))
-    batched: list[int] = []
-    backend = tok.backend_tokenizer
-    monkeypatch.setattr(type(backend), "decode_batch", lambda self, *a, **k: batched.append(1) or [], raising=False)
-    lists = [[5, 6, 7], [8, 9]]
-    monkeypatch.setattr(tok, "clean_up_tokenization_spaces", True)  # transformers' clean-up runs per decode
-    assert decode_batch(tok, lists, True) == [tok.decode(ids, skip_special_tokens=True) for ids in lists]
-    assert not batched
+    monkeypatch.setattr(tok, "clean_up_tokenization_spaces", True)
+    decode = decoder(tok)
+    assert decode.__name__ == "python"
+    assert decode([5, 6, 7], True) == tok.decode([5, 6, 7], skip_special_tokens=True)
 
 
-def test_requests_ending_in_one_step_get_the_texts_of_their_tokens(llm: LLM) -> None:
-    # Equal lengths: every request ends in the same step, whose texts are decoded together.
+def test_finished_requests_get_the_texts_of_their_tokens(llm: LLM) -> None:
+    # Equal lengths, so every request ends in the same step; special tokens skipped or kept per request.
     prompts = mixed_prompts(6, seed=21)
     outs = llm.generate(prompts, [greedy(9), SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True,
                                                             skip_special_tokens=False)] * 3)
@@ -267,4 +266,3 @@ def test_requests_ending_in_one_step_get_the_texts_of_their_tokens(llm: LLM) -> 
     for i, o in enumerate(outs):
         c = o.outputs[0]
         assert c.text == tok.decode(c.token_ids, skip_special_tokens=i % 2 == 0)
-    assert not llm.engine._untexted

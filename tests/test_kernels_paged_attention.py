@@ -319,6 +319,19 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     _decode_against_ref(case, 2, None)
 
 
+def test_fold_counters_grow_into_new_zeroed_ones_and_keep_the_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa, "_FOLD_COUNTERS", {})
+    monkeypatch.setattr(pa, "_RETIRED_FOLD_COUNTERS", [])
+    cpu = torch.device("cpu")
+    first = pa._fold_counters(cpu, 10)
+    assert first.numel() == 4096 and pa._fold_counters(cpu, 4096) is first
+    first[3] = 7  # as if a graph captured with these counters held state
+    grown = pa._fold_counters(cpu, 5000)
+    assert grown.numel() == 5000 and not grown.any()
+    assert len(pa._RETIRED_FOLD_COUNTERS) == 1 and pa._RETIRED_FOLD_COUNTERS[0] is first
+    assert pa._fold_counters(cpu, 10) is grown
+
+
 # How split launches merge: (_DECODE_FOLD_MAX_SPLITS, _DECODE_REDUCE_PDL). PDL needs a GPU (off under the interpreter).
 MERGES = {"fold": (64, False), "reduce": (0, False), "reduce-pdl": (0, True)}
 
@@ -822,7 +835,11 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
                                   max_seq_len=4096, **scales)
 
     assert pa.decode_num_splits(32 * 8, 4096, DEVICE, fp8=fp8) == 2
+    reduce = LaunchSpy(pa._decode_reduce_kernel)
+    monkeypatch.setattr(pa, "_decode_reduce_kernel", reduce)
     call()  # compile outside the capture
+    assert len(reduce.launches) == (merge != "fold")  # 2 splits: folded, or the reduce as this test forces it
+    assert all(k["PDL"] is pdl and k.get("launch_pdl", False) is pdl for k in reduce.launches)  # an H100/H200
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()

@@ -81,3 +81,10 @@ def test_warm_up_runs_one_chunk_of_each_ladder_size_below_the_budget(hf_checkpoi
     assert {64, 96, 128, 192, 256, 384, 512} <= singles  # 768 is cut at max_model_len (512)
     assert not singles & {768, 1024, 1536}
     assert (1000, 8, 0) in steps  # and the budget steps after them
+
+
+def test_warm_up_ladder_sizes_cut_at_max_model_len_run_once(hf_checkpoint) -> None:
+    steps = _warm_up_steps(str(hf_checkpoint("qwen3")), 100, budget=1000)
+    singles = [s[0] for s in steps if s[1] == 1 and s[2] == 0]
+    assert {64, 96} <= set(singles) and max(singles) == 100
+    assert singles.count(100) == 2  # the ladder's sizes from 128 up, all cut to 100, once; the budget's chunk

@@ -223,9 +223,13 @@ def bench_case(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, 
                            "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
                            "kv_gb_per_s": nbytes / (ms * 1e-3) / 1e9}
     if device.type == "cuda":
-        kernel_us = sorted(kernel_times(call, device, iters))
-        row["kernel_us_p50"] = kernel_us[len(kernel_us) // 2]
-        row["kernel_gb_per_s"] = nbytes / (row["kernel_us_p50"] * 1e-6) / 1e9
+        try:
+            kernel_us = sorted(kernel_times(call, device, iters))
+        except RuntimeError as e:  # e.g. no profiler (CUPTI) events: the event timings still stand
+            row["kernel_time_error"] = str(e)
+        else:
+            row["kernel_us_p50"] = kernel_us[len(kernel_us) // 2]
+            row["kernel_gb_per_s"] = nbytes / (row["kernel_us_p50"] * 1e-6) / 1e9
     if hbm_gb_per_s:
         row["fraction_of_hbm"] = row["kv_gb_per_s"] / hbm_gb_per_s
         if "kernel_gb_per_s" in row:

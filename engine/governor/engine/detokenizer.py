@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from governor.engine.tokenizer import decoder
+
 # Tokens of left context decoded with each delta, so tokenizers that merge a leading space into the
 # next piece (sentencepiece) render the boundary the same way a full decode does.
 _CONTEXT_TOKENS = 5
@@ -19,6 +21,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self._decode_ids = decoder(tokenizer)
         context = prompt_token_ids[-_CONTEXT_TOKENS:]
         self.tokens: list[int] = list(context)
         self.prefix_offset = 0
@@ -26,7 +29,7 @@ class IncrementalDetokenizer:
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens))
+        return self._decode_ids(ids, self.skip_special_tokens)
 
     def add(self, token_id: int) -> str:
         self.tokens.append(token_id)

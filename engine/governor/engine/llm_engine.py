@@ -30,7 +30,7 @@ from governor.engine.sequence import Sequence, SequenceStatus
 from governor.engine.spec.draft_model import DraftModelProposer
 from governor.engine.spec.proposer import NgramProposer, Proposer
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
-from governor.engine.tokenizer import decode_batch, load_tokenizer
+from governor.engine.tokenizer import decoder, load_tokenizer
 from governor.engine.tp.group import (
     SINGLE,
     TPGroup,
@@ -108,6 +108,7 @@ class LLMEngine:
                              f"{torch.cuda.device_count()}")
         tok_dir = config.tokenizer or config.model
         self.tokenizer = load_tokenizer(tok_dir)
+        self._decode = decoder(self.tokenizer)  # tokenizer.decode(ids, skip_special_tokens=...), fast where it can
         self.model_digest = model_digest(config.model, config.seed if config.load_format == "dummy" else None)
         self.tokenizer_digest = tokenizer_digest(tok_dir)
         log.info("model %s (%s%s): model digest %s, tokenizer digest %s", config.model, mc.architecture,
@@ -187,7 +188,6 @@ class LLMEngine:
         # their events) for the tokens of the step being read and the one launched meanwhile, in turn.
         self._async = config.async_scheduling and self.tp.size == 1
         self._in_flight: _InFlight | None = None
-        self._untexted: list[tuple[CompletionOutput, bool]] = []  # outputs of this step awaiting text (_fill_texts)
         pin = self.device.type == "cuda"
         self._readback = [(torch.empty(config.seqs_cap, dtype=torch.int64, pin_memory=pin),
                            torch.cuda.Event() if pin else None) for _ in range(2)]
@@ -259,8 +259,8 @@ class LLMEngine:
         second run, and 43.6 against 26.8 with CUDA_MODULE_LOADING=EAGER; the first run was 57.3K tok/s against
         58.8K under eager loading (docs/benchmarks.md, issue 9, ninth pass)."""
         cap = self.config.tokens_cap
-        sizes = sorted({b << k for b in (64, 96) for k in range(20) if (b << k) < cap})
-        return [(0, (min(n, self.max_model_len),)) for n in sizes]
+        sizes = sorted({min(b << k, self.max_model_len) for b in (64, 96) for k in range(20) if (b << k) < cap})
+        return [(0, (n,)) for n in sizes]
 
     def _budget_steps(self) -> list[tuple[int, tuple[int, ...]]]:
         """Warm-up steps of the hard token budget (decodes, prefill chunk lengths): one sequence's chunk,
@@ -439,16 +439,7 @@ class LLMEngine:
         one is already certain (`Scheduler.schedule_continuation`): its tokens are fed on the device,
         and the host reads and handles this step's tokens while the device runs it. That step is then
         the one in flight between calls, and the next call launches the one after it before reading it.
-        Each call still returns the tokens of one step, as soon as they are on the host. Finished
-        outputs get their text at the end, decoded together (`_fill_texts`)."""
-        try:
-            return self._step()
-        finally:
-            if self._untexted:
-                self._fill_texts()
-
-    def _step(self) -> StepResult:
-        """`step` before the finished outputs' texts."""
+        Each call still returns the tokens of one step, as soon as they are on the host."""
         result = StepResult([], [])
         self._expire_deadlines(result)
         prev, self._in_flight = self._in_flight, None
@@ -584,17 +575,16 @@ class LLMEngine:
         return True
 
     def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
-        result.finished.append(self._end(req, reason, defer_text=True))
+        result.finished.append(self._end(req, reason))
 
-    def _end(self, req: _Request, reason: str, defer_text: bool = False) -> RequestOutput:
-        """End a live request: free its blocks and proposer state, count it, forget it; its final output
-        (`defer_text`: text left to `_fill_texts` at the end of the step, where it has to be decoded)."""
+    def _end(self, req: _Request, reason: str) -> RequestOutput:
+        """End a live request: free its blocks and proposer state, count it, forget it; its final output."""
         self.scheduler.finish(req.seq, reason)
         if self.proposer is not None:
             self.proposer.release(req.seq)
         self.counters["requests_finished"] += 1
         self._forget(req.seq.request_id)
-        return self._output(req, defer_text)
+        return self._output(req)
 
     def _forget(self, request_id: str) -> _Request | None:
         """Drop a request from the live ones (and from `_num_not_argmax` and `_deadlines`); None if unknown."""
@@ -708,36 +698,22 @@ class LLMEngine:
         req.emitted = end
         return delta
 
-    def _fill_texts(self) -> None:
-        """Decode the texts `_output` deferred in this step, together (`tokenizer.decode_batch`): when many
-        requests end in one step (a batch of equal lengths), one batched decode instead of one each."""
-        untexted, self._untexted = self._untexted, []
-        for skip in (True, False):
-            group = [c for c, s in untexted if s is skip]
-            if group:
-                texts = decode_batch(self.tokenizer, [c.token_ids for c in group], skip)
-                for completion, text in zip(group, texts, strict=True):
-                    completion.text = text
-
     def detokenize(self, seq: Sequence) -> str:
-        return str(self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=seq.params.skip_special_tokens))
+        return self._decode(seq.output_token_ids, seq.params.skip_special_tokens)
 
-    def _output(self, req: _Request, defer_text: bool = False) -> RequestOutput:
+    def _output(self, req: _Request) -> RequestOutput:
         seq = req.seq
-        undecoded = req.final_text is None and req.detok is None
         if req.final_text is not None:
             text = req.final_text
         elif req.detok is not None:
             text = req.detok.text
         else:
-            text = "" if defer_text else self.detokenize(seq)
+            text = self.detokenize(seq)
         cumulative = None
         if seq.logprobs:
             cumulative = sum(lp[t] for lp, t in zip(seq.logprobs, seq.output_token_ids, strict=False))
         completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason,
                                       list(seq.logprobs) if seq.params.logprobs is not None else None, cumulative)
-        if undecoded and defer_text:
-            self._untexted.append((completion, seq.params.skip_special_tokens))
         now = time.monotonic()
         metrics = {"arrival": req.arrival, "finished": now, "e2e_s": now - req.arrival,
                    "preemptions": float(seq.num_preemptions)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +17,27 @@ def load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def decode_batch(tokenizer: Any, id_lists: list[list[int]], skip_special_tokens: bool) -> list[str]:
-    """`[tokenizer.decode(ids, skip_special_tokens=...) for ids in id_lists]`, in one call where that is the same.
+def decoder(tokenizer: Any) -> Callable[[list[int], bool], str]:
+    """`(ids, skip_special_tokens) -> tokenizer.decode(ids, skip_special_tokens=...)`, the same strings.
 
-    A plain fast tokenizer (its class keeps PreTrainedTokenizerFast's `decode` and `_decode`) that does not clean up
-    tokenization spaces decodes each list with its Rust tokenizer and nothing else; `decode_batch` of that tokenizer
-    gives the same strings, on several threads, and skips transformers' per-token type check of each list (most of
-    the time of 256 decodes of 1,024 tokens on an H200's host: docs/benchmarks.md, issue 9, ninth pass). Any other
-    tokenizer decodes one list at a time through `decode`."""
+    For a plain fast tokenizer (its class keeps PreTrainedTokenizerFast's `decode` and `_decode`) that does not clean
+    up tokenization spaces, `decode` is its Rust tokenizer's `decode` and nothing else, so that is called directly:
+    it skips transformers' check of each id's type, most of the host's time when 256 requests of 1,024 tokens end
+    (docs/benchmarks.md, issue 9, ninth pass), and a few microseconds of each streamed token's incremental decode.
+    Any other tokenizer goes through `decode`."""
     from transformers import PreTrainedTokenizerFast
 
     cls = type(tokenizer)
-    plain = (isinstance(tokenizer, PreTrainedTokenizerFast) and cls.decode is PreTrainedTokenizerFast.decode
-             and cls._decode is PreTrainedTokenizerFast._decode and not tokenizer.clean_up_tokenization_spaces)
-    if plain and len(id_lists) > 1:
-        return list(tokenizer.backend_tokenizer.decode_batch(id_lists, skip_special_tokens=skip_special_tokens))
-    return [str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)) for ids in id_lists]
+    if (isinstance(tokenizer, PreTrainedTokenizerFast) and cls.decode is PreTrainedTokenizerFast.decode
+            and cls._decode is PreTrainedTokenizerFast._decode and not tokenizer.clean_up_tokenization_spaces):
+        backend = tokenizer.backend_tokenizer
+
+        def rust(ids: list[int], skip_special_tokens: bool) -> str:
+            return str(backend.decode(ids, skip_special_tokens=skip_special_tokens))
+
+        return rust
+
+    def python(ids: list[int], skip_special_tokens: bool) -> str:
+        return str(tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    return python

@@ -969,17 +969,25 @@ def paged_decode_attention(
 
 
 _FOLD_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED_FOLD_COUNTERS: list[torch.Tensor] = []  # outgrown, kept: CUDA graphs captured with them still use them
 
 
 def _fold_counters(device: torch.device, n: int) -> torch.Tensor:
     """At least n zeroed int32 arrival counters on `device`, one per (seq, kv head) of a folded launch, kept across
     calls: the last program of each pair resets its counter, so they are zero between calls (and CUDA-graph replays).
     Folded launches on one device must therefore not run concurrently (the engine runs its steps on one stream).
-    Split launches have fewer (seq, kv head) programs than the GPU has program slots, so 4,096 covers them; a
-    larger count (an explicit num_splits) reallocates -- if that happens while a CUDA graph is captured, the zeroing
-    is captured with it and reruns on each replay, which is harmless."""
+    Split launches have fewer (seq, kv head) programs than the GPU has program slots, so 4,096 covers them; a larger
+    count (an explicit num_splits) gets new counters, and the old ones stay allocated for graphs that captured them.
+    New counters cannot be made during a CUDA-graph capture (their zeroing would run only at replay): a launch
+    needing them must run once outside it first, as `CudaGraphs.capture` does."""
     counters = _FOLD_COUNTERS.get(device)
     if counters is None or counters.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"paged_decode_attention: a folded split launch of {n} (seq, kv head) pairs needs new arrival "
+                "counters during a CUDA-graph capture; run the same launch once before capturing it")
+        if counters is not None:
+            _RETIRED_FOLD_COUNTERS.append(counters)
         counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _FOLD_COUNTERS[device] = counters
     return counters
