@@ -360,13 +360,25 @@ def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyP
         assert not pa._FOLD_COUNTERS[case.seq_lens.device].any()
 
 
-def test_split_launches_fold_their_merge_up_to_8_splits() -> None:
-    assert pa._DECODE_FOLD_MAX_SPLITS == 8 and pa._DECODE_REDUCE_PDL
+@needs_triton
+@pytest.mark.parametrize(("num_splits", "longest", "folds"), [(8, 500, True), (9, 570, False)])
+def test_split_launches_fold_their_merge_up_to_8_splits(monkeypatch: pytest.MonkeyPatch, num_splits: int,
+                                                        longest: int, folds: bool) -> None:
+    # The settings as they ship: 8 splits merge inside the decode kernel, 9 in the reduce kernel.
+    decode, reduce = LaunchSpy(pa._decode_kernel), LaunchSpy(pa._decode_reduce_kernel)
+    monkeypatch.setattr(pa, "_decode_kernel", decode)
+    monkeypatch.setattr(pa, "_decode_reduce_kernel", reduce)
+    # Tables of 32 / 36 blocks (512 / 576 keys): 8 / 9 partitions of 64 keys, every one of them run.
+    case = PagedCase([longest, 30], 1, 16, 16, torch.float32, spare_table_entries=0)
+    assert pa.decode_num_splits(2, case.block_tables.shape[1] * 16, DEVICE, num_splits) == num_splits
+    _decode_against_ref(case, 2, num_splits)
+    (launch,) = decode.launches
+    assert launch["SPLIT"] and launch["FOLD"] is folds
+    assert len(reduce.launches) == (not folds)
+    # The shapes on 132 SMs: batch 32 x 8 kv heads at 4K and batch 8 at 4K fold (2 and 8 splits), batch 1 at
+    # 32K (64 splits) does not.
     cpu = torch.device("cpu")
-    # The attention target (batch 32 x 8 kv heads at 4K) takes 2 splits; batch 8 at 4K 8 (both fold); batch 1 at 32K
-    # 64 (reduce kernel), on 132 SMs.
     assert [pa.decode_num_splits(b * 8, c, cpu, fp8=True) for b, c in ((32, 4096), (8, 4096), (1, 32768))] == [2, 8, 64]
-    assert not pa._has_pdl(cpu)
 
 
 def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -> None:

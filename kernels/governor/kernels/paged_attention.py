@@ -796,12 +796,9 @@ def _decode_kernel(
                 both = row_valid[:, None] & valid[None, :]
                 m = tl.load(part_m_ptr + rows, mask=both, other=float("-inf"), cache_modifier=".cg")
                 l_part = tl.load(part_l_ptr + rows, mask=both, other=0.0, cache_modifier=".cg")
-                m_max = tl.maximum(tl.max(m, axis=1), -1.0e30)
-                w = tl.where(both, tl.exp2(m - m_max[:, None]), 0.0)
                 parts = tl.load(part_acc_ptr + rows[:, :, None] * HEAD_DIM + d[None, None, :], mask=both[:, :, None],
                                 other=0.0, cache_modifier=".cg")
-                total = tl.sum(w * l_part, axis=1)
-                out = tl.sum(w[:, :, None] * parts, axis=1) / tl.where(total > 0.0, total, 1.0)[:, None]
+                out = _merge_partials(m, l_part, parts, both)
                 o_ptrs = out_ptr + seq * stride_ot + head[:, None] * stride_oh + d[None, :]
                 tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
     else:
@@ -835,19 +832,25 @@ def _decode_reduce_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     num_valid = tl.cdiv(seq_len, _partition_size(seq_len, num_splits, TILE_ALIGN))
     s = tl.arange(0, SPLITS_PAD)
-    valid = s < num_valid
-    row = (seq * num_q_heads + head).to(tl.int64) * num_splits + s
+    valid = (s < num_valid)[None, :]  # one row: _merge_partials takes [rows, splits]
+    row = (seq * num_q_heads + head).to(tl.int64) * num_splits + s[None, :]
     m = tl.load(part_m_ptr + row, mask=valid, other=float("-inf"))
     l_part = tl.load(part_l_ptr + row, mask=valid, other=0.0)
-    # Every valid partition holds >= 1 key, so m_max is finite whenever any is; the floor keeps an
-    # empty sequence (no valid partition) from computing (-inf) - (-inf).
-    m_max = tl.maximum(tl.max(m, axis=0), -1.0e30)
-    w = tl.where(valid, tl.exp2(m - m_max), 0.0)
     d = tl.arange(0, HEAD_DIM)
-    acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], mask=valid[:, None], other=0.0)
-    total = tl.sum(w * l_part, axis=0)
-    out = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + seq * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    acc = tl.load(part_acc_ptr + row[:, :, None] * HEAD_DIM + d[None, None, :], mask=valid[:, :, None], other=0.0)
+    out = _merge_partials(m, l_part, acc, valid)
+    tl.store(out_ptr + seq * stride_ot + head * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _merge_partials(m, l_part, parts, valid):
+    # Split-KV partials -> softmax-weighted outputs, per row: m, l_part, valid [rows, splits], parts [rows, splits,
+    # head_dim] -> [rows, head_dim]. Every valid partition holds >= 1 key, so a row's max is finite whenever any is;
+    # the floor keeps a row without one (an empty sequence) from computing (-inf) - (-inf): its output is 0.
+    m_max = tl.maximum(tl.max(m, axis=1), -1.0e30)
+    w = tl.where(valid, tl.exp2(m - m_max[:, None]), 0.0)
+    total = tl.sum(w * l_part, axis=1)
+    return tl.sum(w[:, :, None] * parts, axis=1) / tl.where(total > 0.0, total, 1.0)[:, None]
 
 
 @triton.jit
