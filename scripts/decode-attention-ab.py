@@ -44,6 +44,13 @@ MERGES: dict[str, dict[str, Any]] = {
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
+        "triton-kernel": {"_GLUON_DECODE": False},  # the Triton kernel where the Gluon one runs (tenth pass)
+        "gluon-narrow32": {"_GLUON_DECODE_TILE_N_NARROW": 32},
+        "gluon-wide32": {"_GLUON_DECODE_TILE_N_WIDE": 32},
+        "gluon-wide64": {"_GLUON_DECODE_TILE_N_WIDE": 64},
+        "gluon-s2": {"_GLUON_DECODE_STAGES": 2},
+        "gluon-wide-ptxas-regs": {"_GLUON_DECODE_MAXNREG_WIDE": None},
+        "gluon-s4": {"_GLUON_DECODE_STAGES": 4},
         "wide-always": {"_DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
         "wide-never": {"_DECODE_WIDE_MIN_WAVE_FILL": 2.0},
         **MERGES,

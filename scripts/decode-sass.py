@@ -61,6 +61,34 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def compile_gluon_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
+    """The Gluon fp8 decode kernel (`_gluon_decode_kernel`), as `paged_decode_attention` launches it on sm_90+."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = pa._gluon_decode_kernel
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+           "part_l_ptr": "*fp32", "counter_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
+           "qk_scale": "fp32"}
+    for name in fn.arg_names:
+        sig.setdefault(name, "i32")
+    mma, a_op, b_op, k_load, v_load = pa._gluon_decode_layouts(args.tile, args.head_dim)
+    constants = {"GROUP": args.group, "GROUP_PAD": triton.next_power_of_2(args.group), "BLOCK_SIZE": args.block_size,
+                 "TILE_N": args.tile, "HEAD_DIM": args.head_dim, "STAGES": args.num_stages, "SPLIT": args.split,
+                 "TILE_ALIGN": pa._TILE_N, "Q_BF16": True, "OFFSETS_64": args.offsets_64,
+                 "FOLD": args.split and args.merge == "fold", "PDL": args.split and args.merge == "pdl",
+                 "MMA": mma, "A": a_op, "B": b_op, "KL": k_load, "VL": v_load}
+    for name in constants:
+        sig[name] = "constexpr"
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t not in ("constexpr", "fp32") and n not in _NOT_DIVISIBLE}
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in constants.items()}, attrs)
+    options: dict[str, int] = {"num_warps": 1}
+    if args.maxnreg:
+        options["maxnreg"] = args.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def _tool(name: str) -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
 
@@ -119,7 +147,21 @@ def main() -> None:
                     help="how split partials merge: folded in, by the reduce kernel, by the reduce kernel under PDL")
     ap.add_argument("--splits", type=int, default=2, help="split count the fold's merge is compiled for")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--gluon", action="store_true",
+                    help="the Gluon fp8 decode kernel (one warp; --tile defaults to its narrow launches' keys a step, "
+                         "--num-stages to its ring depth)")
     args = ap.parse_args()
+    if args.gluon:
+        args.kv_dtype = "fp8"
+        args.tile = args.tile or pa._GLUON_DECODE_TILE_N_NARROW
+        args.num_stages = args.num_stages or pa._GLUON_DECODE_STAGES
+        args.num_warps = 1
+        if args.maxnreg is None:  # as launched: the cap applies to the wide launches' tile
+            args.maxnreg = pa._GLUON_DECODE_MAXNREG_WIDE if args.tile == pa._GLUON_DECODE_TILE_N_WIDE else None
+        args.maxnreg = args.maxnreg or None
+        kernel = compile_gluon_decode(args)
+        _report(args, kernel)
+        return
     if args.tile is None:
         args.tile = pa._decode_tile(args.kv_dtype == "fp8", not args.split)
     launch = pa._decode_launch_options(args.kv_dtype == "fp8", not args.split)
@@ -127,6 +169,10 @@ def main() -> None:
     args.num_stages = args.num_stages or launch.get("num_stages", 3)
     args.maxnreg = launch.get("maxnreg") if args.maxnreg is None else args.maxnreg or None
     kernel = compile_decode(args)
+    _report(args, kernel)
+
+
+def _report(args: argparse.Namespace, kernel: triton.compiler.CompiledKernel) -> None:
     regs, spill_st, spill_ld = ptxas_usage(kernel.asm["ptx"], args.maxnreg)
     ops = loop_histogram(kernel.asm["cubin"])
     total = sum(ops.values())

@@ -5,7 +5,12 @@ before anything imports the kernels (Triton reads it when `@triton.jit` decorate
 """
 
 import math
+import os
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -379,6 +384,84 @@ def test_split_launches_fold_their_merge_up_to_8_splits(monkeypatch: pytest.Monk
     # 32K (64 splits) does not.
     cpu = torch.device("cpu")
     assert [pa.decode_num_splits(b * 8, c, cpu, fp8=True) for b, c in ((32, 4096), (8, 4096), (1, 32768))] == [2, 8, 64]
+
+
+# ----------------------------------------------------------------------------------------------
+# The Gluon fp8 decode kernel (sm_90+): which calls take it, and what it compiles to (no GPU needed)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_gluon_decode_takes_fp8_caches_with_half_q_head_dims_64_128_and_groups_up_to_16_on_sm90(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa, "INTERPRET", False)
+    capability = {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
+    cuda, bf16, fp16 = torch.device("cuda"), torch.bfloat16, torch.float16
+
+    def takes(device: torch.device = cuda, q: torch.dtype = bf16, kv: torch.dtype = FP8, head_dim: int = 128,
+              group: int = 4) -> bool:
+        return pa._gluon_decode(device, q, kv, head_dim, group)
+
+    assert takes() and takes(q=fp16) and takes(head_dim=64) and takes(group=1) and takes(group=16)
+    assert not takes(q=torch.float32)  # fp32 q keeps the Triton kernel's tf32/fp32 products
+    assert not takes(kv=bf16) and not takes(head_dim=256) and not takes(head_dim=32) and not takes(group=32)
+    assert not takes(device=torch.device("cpu"))
+    capability["value"] = (8, 9)
+    assert not takes()  # measured and tested on sm_90 only
+    capability["value"] = (9, 0)
+    monkeypatch.setattr(pa, "_GLUON_DECODE", False)
+    assert not takes()
+    monkeypatch.setattr(pa, "_GLUON_DECODE", True)
+    monkeypatch.setattr(pa, "INTERPRET", True)
+    assert not takes()  # Gluon has no interpreter: CPU runs take the Triton kernel
+
+
+def test_gluon_decode_launches_that_fit_one_wave_of_4_programs_per_sm_take_64_keys_a_step_larger_ones_16() -> None:
+    cpu = torch.device("cpu")  # 132 SMs off CUDA: 528 programs a wave
+    assert pa._gluon_decode_tile(1, cpu) == pa._gluon_decode_tile(528, cpu) == 64
+    assert pa._gluon_decode_tile(529, cpu) == pa._gluon_decode_tile(2048, cpu) == 16
+    # Every split launch fits (its split count is chosen so); the throughput workload's batch 256 does not.
+    for batch, context in ((32, 4096), (32, 32768), (8, 4096), (1, 32768), (16, 8192)):
+        splits = pa.decode_num_splits(batch * 8, context, cpu, fp8=True)
+        assert splits > 1 and pa._gluon_decode_tile(batch * 8 * splits, cpu) == 64
+    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and pa._gluon_decode_tile(256 * 8, cpu) == 16
+
+
+@pytest.mark.parametrize(("tile", "head_dim", "group", "merge"), [
+    (pa._GLUON_DECODE_TILE_N_NARROW, 128, 4, "fold"), (pa._GLUON_DECODE_TILE_N_WIDE, 128, 8, "pdl"),
+    (pa._GLUON_DECODE_TILE_N_NARROW, 64, 1, "reduce")])
+def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile: int, head_dim: int, group: int,
+                                                                            merge: str) -> None:
+    # Compiled by scripts/decode-sass.py with Triton's ptxas for sm_90a (no GPU; in a process without the
+    # interpreter, under which Gluon cannot compile): the loop's K/V bytes arrive by cp.async and come back from
+    # shared memory 16 bytes at a time -- none of the Triton kernel's byte loads (LDS.U8) -- and nothing spills.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "kernels"), str(root / "engine")])
+    run = subprocess.run([sys.executable, str(root / "scripts" / "decode-sass.py"), "--gluon", "--tile", str(tile),
+                          "--head-dim", str(head_dim), "--group", str(group), "--merge", merge, "--top", "1000"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    header = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", run.stdout)
+    assert header is not None, run.stdout
+    # The 16-key program runs at ptxas's choice, 128 registers and a few spilled bytes: faster than 139 without
+    # spills (the kernel module's notes on _GLUON_DECODE_MAXNREG_WIDE); the 64-key one spills nothing.
+    spill_limit = 64 if tile == pa._GLUON_DECODE_TILE_N_WIDE and pa._GLUON_DECODE_MAXNREG_WIDE is None else 0
+    assert int(header.group(1)) <= 255 and int(header.group(2)) <= spill_limit and int(header.group(3)) <= spill_limit
+    ops = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s+(\d+)\s+(\S+)$", run.stdout, re.MULTILINE)}
+
+    def lane_bytes(prefix: str) -> int:  # bytes one lane moves through the loop's instructions named so
+        widths = {"128": 16, "64": 8}
+        return sum(n * widths[op.rsplit(".", 1)[1]] for op, n in ops.items() if op.startswith(prefix))
+
+    # One warp moves each step's K and V tiles once each way. Per key a lane holds head_dim / 4 bytes of K and
+    # head_dim / 8 of V: 16-byte copies at 128, 16 and 8 at 64.
+    assert not any(op.startswith(("LDS.U8", "LDS.S8", "LDS.U16", "LDS.S16", "LDGSTS.E.32")) for op in ops)
+    tile_bytes = 2 * tile * head_dim
+    assert lane_bytes("LDGSTS.E") * 32 == tile_bytes
+    assert lane_bytes("LDS.") * 32 == tile_bytes
+    # Two 16 x TILE_N x head_dim products (S = q K^T, P V) in m16n8k16 steps.
+    assert ops["HMMA.16816.F32"] == 2 * 16 * tile * head_dim // (16 * 8 * 16)
 
 
 def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -> None:
@@ -923,3 +1006,49 @@ def test_gpu_fp8_write_kv_real_shapes_stores_the_same_bytes_as_ref() -> None:
 
     assert torch.equal(k_got.view(torch.uint8), k_ref.view(torch.uint8))
     assert torch.equal(v_got.view(torch.uint8), v_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim", "block_size", "q_dtype"), [
+    (32, 8, 128, 16, torch.bfloat16), (8, 8, 128, 16, torch.float16), (16, 8, 64, 32, torch.bfloat16),
+    (64, 8, 128, 16, torch.bfloat16), (32, 2, 128, 16, torch.float16)],
+    ids=["gqa4-bf16", "mha-f16", "gqa2-d64-bs32", "gqa8", "gqa16-f16"])
+@pytest.mark.parametrize("num_splits", [1, 3, 8, 12], ids=["unsplit", "split3-fold", "split8-fold", "split12-reduce"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_gluon_fp8_decode_matches_the_fp8_reference(monkeypatch: pytest.MonkeyPatch, num_q_heads: int,
+                                                        num_kv_heads: int, head_dim: int, block_size: int,
+                                                        q_dtype: torch.dtype, num_splits: int) -> None:
+    # Lengths around the 32-key step, the 64-key partition unit and the block size, an empty sequence, one token,
+    # and long ones; per-head scales 100x apart. Twice, so the fold's counters must have reset.
+    gluon, triton_kernel = LaunchSpy(pa._gluon_decode_kernel), LaunchSpy(pa._decode_kernel)
+    monkeypatch.setattr(pa, "_gluon_decode_kernel", gluon)
+    monkeypatch.setattr(pa, "_decode_kernel", triton_kernel)
+    case = PagedCase([0, 1, 31, 32, 33, 64, 65, 100, 1000, 2500, 4097], num_kv_heads, head_dim, block_size,
+                     torch.float32, spare_table_entries=7)
+    kv = quantize_fp8(case)
+    for _ in range(2):
+        _decode_against_ref(case, num_q_heads, num_splits, fp8=kv, q_dtype=q_dtype)
+    assert len(gluon.launches) == 2 and not triton_kernel.launches
+    assert all(k["FOLD"] is (1 < num_splits <= pa._DECODE_FOLD_MAX_SPLITS) for k in gluon.launches)
+    # 11 x kv heads x splits programs: both tiles among the cases (e.g. 704 at 8 kv heads and 8 splits: 16 keys).
+    run = pa.decode_num_splits(11 * num_kv_heads, case.block_tables.shape[1] * block_size, DEVICE, num_splits, fp8=True)
+    assert all(k["TILE_N"] == pa._gluon_decode_tile(11 * num_kv_heads * run, DEVICE) for k in gluon.launches)
+    if 1 < num_splits <= pa._DECODE_FOLD_MAX_SPLITS:
+        assert not pa._FOLD_COUNTERS[case.seq_lens.device].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_gluon_and_triton_fp8_decode_agree_on_the_benchmark_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Batch 32 x 32:8 heads at 4K, the attention target's shape: the same fp8 bytes through both kernels. They round
+    # differently (fp16 P in both, other summation orders), so within bf16's tolerance, not bit-equal.
+    case = PagedCase([4096] * 28 + [4095, 1370, 17, 1], 8, 128, 16, torch.float32)
+    kv = quantize_fp8(case)
+    q, _ = case.queries([1] * 32, 32)
+    q = q.to(torch.bfloat16)
+    outs = []
+    for gluon in (True, False):
+        monkeypatch.setattr(pa, "_GLUON_DECODE", gluon)
+        outs.append(pa.paged_decode_attention(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens,
+                                              128**-0.5, max_seq_len=4096, **kv.scales))
+    _assert_close_for(outs[0], outs[1], torch.bfloat16, kv)
