@@ -33,6 +33,9 @@ fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay
 - Decode with bf16 q multiplies in fp16 instead (q moved into fp16's range by an exact power of two,
   `_fp16_range`): e4m3 -> fp16 is one conversion per two values, e4m3 -> bf16 three per two, and
   on an H100 those conversions, not HBM, bounded the bf16-q kernel (issue #9).
+- On sm_90+ with bf16/fp16 q, head_dim 64/128 and up to 16 query heads a kv head, fp8 decode runs
+  `_gluon_decode_kernel` (Gluon: explicit layouts; see its section below) with the same contract, math
+  and partials; elsewhere, and under the interpreter, `_decode_kernel`.
 """
 
 from __future__ import annotations
