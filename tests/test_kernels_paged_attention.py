@@ -406,14 +406,27 @@ def test_gluon_decode_takes_fp8_caches_with_half_q_head_dims_64_128_and_groups_u
     assert not takes(q=torch.float32)  # fp32 q keeps the Triton kernel's tf32/fp32 products
     assert not takes(kv=bf16) and not takes(head_dim=256) and not takes(head_dim=32) and not takes(group=32)
     assert not takes(device=torch.device("cpu"))
-    capability["value"] = (8, 9)
-    assert not takes()  # measured and tested on sm_90 only
+    assert not pa._gluon_decode(cuda, bf16, FP8, 128, 4, caches_aligned=False)
+    for other in ((8, 9), (10, 0), (12, 0)):
+        capability["value"] = other
+        assert not takes()  # measured and tested on sm_90 only
     capability["value"] = (9, 0)
     monkeypatch.setattr(pa, "_GLUON_DECODE", False)
     assert not takes()
     monkeypatch.setattr(pa, "_GLUON_DECODE", True)
     monkeypatch.setattr(pa, "INTERPRET", True)
     assert not takes()  # Gluon has no interpreter: CPU runs take the Triton kernel
+
+
+def test_gluon_decode_needs_16_byte_aligned_cache_rows() -> None:
+    # Its copies move 16 bytes: a head stride of 136 (a padded view) or a cache starting 1 byte in must go to the
+    # Triton kernel (a 1-byte cp.async does not compile).
+    cache = torch.zeros(4, 16, 8, 128, dtype=FP8)
+    assert pa._gluon_caches_aligned(cache, cache.clone())
+    padded = torch.zeros(4, 16, 8, 136, dtype=FP8)[..., :128]
+    assert not pa._gluon_caches_aligned(cache, padded)
+    shifted = torch.zeros(4 * 16 * 8 * 128 + 1, dtype=FP8)[1:].view(4, 16, 8, 128)
+    assert not pa._gluon_caches_aligned(shifted, cache)
 
 
 def test_gluon_decode_launches_that_fit_one_wave_of_4_programs_per_sm_take_64_keys_a_step_larger_ones_16() -> None:
@@ -429,7 +442,7 @@ def test_gluon_decode_launches_that_fit_one_wave_of_4_programs_per_sm_take_64_ke
 
 @pytest.mark.parametrize(("tile", "head_dim", "group", "merge"), [
     (pa._GLUON_DECODE_TILE_N_NARROW, 128, 4, "fold"), (pa._GLUON_DECODE_TILE_N_WIDE, 128, 8, "pdl"),
-    (pa._GLUON_DECODE_TILE_N_NARROW, 64, 1, "reduce")])
+    (pa._GLUON_DECODE_TILE_N_NARROW, 64, 1, "reduce"), (pa._GLUON_DECODE_TILE_N_WIDE, 128, 2, "unsplit")])
 def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile: int, head_dim: int, group: int,
                                                                             merge: str) -> None:
     # Compiled by scripts/decode-sass.py with Triton's ptxas for sm_90a (no GPU; in a process without the
@@ -439,7 +452,8 @@ def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile
     root = Path(__file__).parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root / "kernels"), str(root / "engine")])
     run = subprocess.run([sys.executable, str(root / "scripts" / "decode-sass.py"), "--gluon", "--tile", str(tile),
-                          "--head-dim", str(head_dim), "--group", str(group), "--merge", merge, "--top", "1000"],
+                          "--head-dim", str(head_dim), "--group", str(group), "--top", "1000",
+                          *(["--no-split"] if merge == "unsplit" else ["--merge", merge])],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     header = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", run.stdout)
@@ -1008,18 +1022,22 @@ def test_gpu_fp8_write_kv_real_shapes_stores_the_same_bytes_as_ref() -> None:
     assert torch.equal(v_got.view(torch.uint8), v_ref.view(torch.uint8))
 
 
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                reason="the Gluon decode kernel runs on sm_90 only")
+
+
 @pytest.mark.parametrize(("num_q_heads", "num_kv_heads", "head_dim", "block_size", "q_dtype"), [
     (32, 8, 128, 16, torch.bfloat16), (8, 8, 128, 16, torch.float16), (16, 8, 64, 32, torch.bfloat16),
-    (64, 8, 128, 16, torch.bfloat16), (32, 2, 128, 16, torch.float16)],
-    ids=["gqa4-bf16", "mha-f16", "gqa2-d64-bs32", "gqa8", "gqa16-f16"])
+    (64, 8, 128, 16, torch.bfloat16), (32, 2, 128, 16, torch.float16), (40, 8, 128, 16, torch.bfloat16)],
+    ids=["gqa4-bf16", "mha-f16", "gqa2-d64-bs32", "gqa8", "gqa16-f16", "gqa5"])
 @pytest.mark.parametrize("num_splits", [1, 3, 8, 12], ids=["unsplit", "split3-fold", "split8-fold", "split12-reduce"])
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_sm90
 def test_gpu_gluon_fp8_decode_matches_the_fp8_reference(monkeypatch: pytest.MonkeyPatch, num_q_heads: int,
                                                         num_kv_heads: int, head_dim: int, block_size: int,
                                                         q_dtype: torch.dtype, num_splits: int) -> None:
-    # Lengths around the 32-key step, the 64-key partition unit and the block size, an empty sequence, one token,
-    # and long ones; per-head scales 100x apart. Twice, so the fold's counters must have reset.
+    # Lengths around the 16- and 64-key steps, the 64-key partition unit and the block size, an empty sequence, one
+    # token, and long ones; per-head scales 100x apart. Twice, so the fold's counters must have reset.
     gluon, triton_kernel = LaunchSpy(pa._gluon_decode_kernel), LaunchSpy(pa._decode_kernel)
     monkeypatch.setattr(pa, "_gluon_decode_kernel", gluon)
     monkeypatch.setattr(pa, "_decode_kernel", triton_kernel)
@@ -1037,18 +1055,31 @@ def test_gpu_gluon_fp8_decode_matches_the_fp8_reference(monkeypatch: pytest.Monk
         assert not pa._FOLD_COUNTERS[case.seq_lens.device].any()
 
 
+@pytest.mark.parametrize(("batch", "context", "tile"), [(32, 4096, pa._GLUON_DECODE_TILE_N_NARROW),
+                                                     (72, 700, pa._GLUON_DECODE_TILE_N_WIDE)],
+                         ids=["b32-4k-split", "b72-unsplit-wide"])
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_gluon_and_triton_fp8_decode_agree_on_the_benchmark_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Batch 32 x 32:8 heads at 4K, the attention target's shape: the same fp8 bytes through both kernels. They round
-    # differently (fp16 P in both, other summation orders), so within bf16's tolerance, not bit-equal.
-    case = PagedCase([4096] * 28 + [4095, 1370, 17, 1], 8, 128, 16, torch.float32)
+@needs_sm90
+def test_gpu_gluon_and_triton_fp8_decode_agree(monkeypatch: pytest.MonkeyPatch, batch: int, context: int,
+                                               tile: int) -> None:
+    # The attention target's shape (batch 32 x 32:8 heads at 4K, 2 splits, 64 keys a step) and an unsplit launch of
+    # 576 programs (16 keys a step, as the throughput workload's batch 256), against the reference and against the
+    # Triton kernel on the same fp8 bytes. The kernels round differently (fp16 P in both, other summation orders),
+    # so within bf16's tolerance, not bit-equal.
+    gluon = LaunchSpy(pa._gluon_decode_kernel)
+    monkeypatch.setattr(pa, "_gluon_decode_kernel", gluon)
+    case = PagedCase([context] * (batch - 4) + [context - 1, context // 3 + 5, 17, 1], 8, 128, 16, torch.float32)
     kv = quantize_fp8(case)
-    q, _ = case.queries([1] * 32, 32)
+    q, qsl = case.queries([1] * batch, 32)
     q = q.to(torch.bfloat16)
     outs = []
-    for gluon in (True, False):
-        monkeypatch.setattr(pa, "_GLUON_DECODE", gluon)
+    for use_gluon in (True, False):
+        monkeypatch.setattr(pa, "_GLUON_DECODE", use_gluon)
         outs.append(pa.paged_decode_attention(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens,
-                                              128**-0.5, max_seq_len=4096, **kv.scales))
+                                              128**-0.5, max_seq_len=context, **kv.scales))
+    (launch,) = gluon.launches
+    assert launch["TILE_N"] == tile and launch["SPLIT"] is (tile == pa._GLUON_DECODE_TILE_N_NARROW)
+    want = pa.paged_attention_ref(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens, qsl, 128**-0.5,
+                                  **kv.scales)
+    _assert_close_for(outs[0], want, torch.bfloat16, kv)
     _assert_close_for(outs[0], outs[1], torch.bfloat16, kv)

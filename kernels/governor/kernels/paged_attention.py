@@ -33,7 +33,7 @@ fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay
 - Decode with bf16 q multiplies in fp16 instead (q moved into fp16's range by an exact power of two,
   `_fp16_range`): e4m3 -> fp16 is one conversion per two values, e4m3 -> bf16 three per two, and
   on an H100 those conversions, not HBM, bounded the bf16-q kernel (issue #9).
-- On sm_90+ with bf16/fp16 q, head_dim 64/128 and up to 16 query heads a kv head, fp8 decode runs
+- On sm_90 with bf16/fp16 q, head_dim 64/128 and up to 16 query heads a kv head, fp8 decode runs
   `_gluon_decode_kernel` (Gluon: explicit layouts; see its section below) with the same contract, math
   and partials; elsewhere, and under the interpreter, `_decode_kernel`.
 """
@@ -136,17 +136,19 @@ _PROGRAMS_PER_SM_FP8 = 4
 # (docs/benchmarks.md, issue 9, ninth pass).
 _DECODE_FOLD_MAX_SPLITS = 8
 _DECODE_REDUCE_PDL = True
-# The Gluon decode kernel (`_gluon_decode_kernel`) for fp8 caches on sm_90+: keys a step per (one-warp) program, depth
+# The Gluon decode kernel (`_gluon_decode_kernel`) for fp8 caches on sm_90: keys a step per (one-warp) program, depth
 # of its cp.async ring, register cap. A program's ring holds 2 x STAGES x TILE_N x head_dim bytes: 48 KiB at 64 keys
 # (4 programs per SM), 12 KiB at 16. Launches whose programs fit one wave of 4 per SM (every split launch: their
 # counts are chosen so, _PROGRAMS_PER_SM_FP8) take 64 keys, larger ones 16. H200, bf16 q, 32:8 or 16:8 heads, us a
-# call in one process (docs/benchmarks.md, issue 9, tenth pass, call 4), the landed choice against the other tiles:
-# batch 32 at 4K (2 splits, 512 programs) 83.3 against 86.9 at 32 keys and 87.9 at 16, at 32K 510 against 558 / 563;
-# batch 48 and 64 at 4K (384, 512 programs) 127.2 / 144.0 against 142.6 / 152.1 at 32 keys; batch 128 at 1,024 and
-# 160, 192, 256 at 612 (1,024-2,048 programs) 16 keys 78.5 / 66.2 / 73.1 / 98.2 against 79.9 / 86.0 / 95.2 / 103.1 at
-# 32, 94.5 / 90.9 / 94.7 / 121.8 at 64. 3 stages: 2 were slower (call 3: batch 256 at 1,024 175.8 us against 160.2),
-# 4 the same. No register cap: ptxas fits the 16-key program in 128 registers and spills 32-48 bytes; capped at 168
-# it takes 139 without spilling, but batch 256 at 612 / 1,024 ran 115.1 / 179.6 us against 98.2 / 149.6.
+# call in one process (docs/benchmarks.md, issue 9, tenth pass, calls 3 and 4), the landed choice against the other
+# tiles: batch 32 at 4K (2 splits, 512 programs) 83.3 against 86.9 at 32 keys (call 4) and 99.7 at 16 (call 3), at 32K
+# 510 against 558 / 685; batch 48 and 64 at 4K (384, 512 programs) 127.2 / 144.0 against 142.6 / 152.1 at 32 keys;
+# batch 128 at 1,024 and 160, 192, 256 at 612 (1,024-2,048 programs) 16 keys 79.2 / 67.6 / 75.9 / 98.2 against 79.9 /
+# 86.0 / 95.2 / 103.1 at 32 and 94.5 / 90.9 / 94.7 / 121.8 at 64 (those two under a 168-register cap, at which the
+# 64-key program spills). 3 stages: 2 were slower (call 3: batch 256 at 1,024 175.8 us against 160.2), 4 the same. No
+# register cap: ptxas fits the 16-key program in 128 registers and spills 32-48 bytes; capped at 168 it takes 139
+# without spilling and batch 128-192 ran 1-4% faster, but batch 256 at 612 / 1,024 115.1 / 179.6 us against 98.2 /
+# 149.6 (the throughput workload's decode).
 _GLUON_DECODE = True  # False: fp8 decode runs the Triton kernel everywhere (A/B settings)
 _GLUON_DECODE_TILE_N_NARROW = 64
 _GLUON_DECODE_TILE_N_WIDE = 16
@@ -958,7 +960,7 @@ def paged_decode_attention(
         part_acc = part_m = part_l = out
     counters = _fold_counters(q.device, batch * num_kv_heads) if fold else seq_lens  # seq_lens: never used
 
-    if _gluon_decode(q.device, q.dtype, k_cache.dtype, head_dim, group):
+    if _gluon_decode(q.device, q.dtype, k_cache.dtype, head_dim, group, _gluon_caches_aligned(k_cache, v_cache)):
         tile_n = _gluon_decode_tile(batch * num_kv_heads * num_splits, q.device)
         mma, a_op, b_op, k_load, v_load = _gluon_decode_layouts(tile_n, head_dim)
         _gluon_decode_kernel[(batch, num_kv_heads, num_splits)](
@@ -1016,13 +1018,21 @@ _FOLD_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED_FOLD_COUNTERS: list[torch.Tensor] = []  # outgrown, kept: CUDA graphs captured with them still use them
 
 
-def _gluon_decode(device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int) -> bool:
+def _gluon_decode(device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
+                  caches_aligned: bool = True) -> bool:
     """Whether a decode call takes the Gluon kernel: an fp8 cache, bf16/fp16 q, head_dim in _GLUON_HEAD_DIMS, at most
-    16 query heads a kv head (the mma's rows), a CUDA device of compute capability 9.0+ (the only kind it was measured
-    and tested on), not under the interpreter (Gluon has none: there the Triton kernel runs)."""
+    16 query heads a kv head (the mma's rows), caches whose K/V rows start 16-byte aligned (`_gluon_caches_aligned`:
+    its copies move 16 bytes; a narrower one does not compile), a CUDA device of compute capability 9.x (the only
+    kind it was measured and tested on; sm_100/120 have other shared-memory sizes), not under the interpreter (Gluon
+    has none: there the Triton kernel runs)."""
     return (_GLUON_DECODE and not INTERPRET and kv_dtype == FP8_KV_DTYPE and device.type == "cuda"
             and q_dtype in (torch.bfloat16, torch.float16) and head_dim in _GLUON_HEAD_DIMS and group <= 16
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+            and caches_aligned and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+def _gluon_caches_aligned(*caches: torch.Tensor) -> bool:
+    """Every cache's base address and block, token and head strides are multiples of 16 bytes (fp8: elements)."""
+    return all(c.data_ptr() % 16 == 0 and all(s * c.element_size() % 16 == 0 for s in c.stride()[:3]) for c in caches)
 
 
 def _gluon_decode_tile(programs: int, device: torch.device) -> int:
@@ -1120,8 +1130,10 @@ def _choose_num_splits(num_programs: int, context_bound: int, device: torch.devi
 #   reshape/permute (no data movement); the layout conversions into the mma operands move registers only.
 # - S's accumulator feeds P's A operand in registers (the FlashAttention-2 layout identity).
 # sm_90 SASS (scripts/decode-sass.py --gluon), per 32 keys: 16 LDGSTS.128, 16 LDS.128, 128 e4m3 -> fp16 conversions,
-# 64 HMMA and no byte loads, 682 instructions against the 4-warp Triton program's 1,196 per warp per 128 keys (4,784);
-# no spills. Each program holds one warp; rows >= GROUP of the 16-row mma are padding.
+# 64 HMMA and no byte loads, 658-682 instructions against the 4-warp Triton program's 4 x 1,196 per 128 keys (4,784).
+# 186-205 registers at 64 keys, no spills; at 16 keys 128 and a few spilled bytes (below). Triton's barrier pass adds
+# a bar.sync per ring step (a no-op cost for one warp; it also orders the ring's reuse of a stage). Each program holds
+# one warp; rows >= GROUP of the 16-row mma are padding.
 
 
 @functools.cache
@@ -1170,11 +1182,15 @@ def _gluon_copy_kv(k_smem, v_smem, k_cache_ptr, v_cache_ptr, bt_row, start, kv_e
     v_pos = start + v_key
     v_valid = v_pos < kv_end
     v_block = gl.load(bt_row + v_pos // BLOCK_SIZE, mask=v_valid, other=0)
+    k_slot = k_pos % BLOCK_SIZE
+    v_slot = v_pos % BLOCK_SIZE
     if OFFSETS_64:
         k_block = k_block.to(gl.int64)
         v_block = v_block.to(gl.int64)
-    k_row = k_block * stride_kb + ((k_pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh)
-    v_row = v_block * stride_vb + ((v_pos % BLOCK_SIZE) * stride_vt + kv_head * stride_vh)
+        k_slot = k_slot.to(gl.int64)
+        v_slot = v_slot.to(gl.int64)
+    k_row = k_block * stride_kb + (k_slot * stride_kt + kv_head * stride_kh)
+    v_row = v_block * stride_vb + (v_slot * stride_vt + kv_head * stride_vh)
     async_copy.async_copy_global_to_shared(k_smem, k_cache_ptr + k_row[:, None] + k_dim[None, :],
                                            mask=k_valid[:, None])
     async_copy.async_copy_global_to_shared(v_smem, v_cache_ptr + v_row[:, None] + v_dim[None, :],
