@@ -16,6 +16,6 @@ for round in 1 2; do
   done
 done
 echo "=== gpu tests $(date -u +%T)"
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_cuda_graphs.py \
+timeout 260 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py \
   2>&1 | tail -3
 echo "=== done $(date -u +%T)"
