@@ -30,6 +30,10 @@ PROMETHEUS_URL = os.environ.get("GOVERNOR_PROMETHEUS_URL", "")
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = 20  # INFO and up become Events
+    # A delete that finds a timer pass in flight (its thread cannot be cancelled) holds the finalizer until
+    # kopf sees the timer exit, and kopf looks again only on a new watch event or after this many seconds
+    # (default 60: the service lingered a minute after its delete handler had succeeded).
+    settings.background.cancellation_polling = 1.0
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
