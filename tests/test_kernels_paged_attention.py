@@ -400,7 +400,7 @@ def test_gluon_decode_takes_fp8_caches_with_half_q_head_dims_64_128_and_groups_u
 
     def takes(device: torch.device = cuda, q: torch.dtype = bf16, kv: torch.dtype = FP8, head_dim: int = 128,
               group: int = 4) -> bool:
-        return pa._gluon_decode(device, q, kv, head_dim, group)
+        return pa._gluon_decode(device, q, kv, head_dim, group, caches_aligned=True)
 
     assert takes() and takes(q=fp16) and takes(head_dim=64) and takes(group=1) and takes(group=16)
     assert not takes(q=torch.float32)  # fp32 q keeps the Triton kernel's tf32/fp32 products

@@ -1019,7 +1019,7 @@ _RETIRED_FOLD_COUNTERS: list[torch.Tensor] = []  # outgrown, kept: CUDA graphs c
 
 
 def _gluon_decode(device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
-                  caches_aligned: bool = True) -> bool:
+                  caches_aligned: bool) -> bool:
     """Whether a decode call takes the Gluon kernel: an fp8 cache, bf16/fp16 q, head_dim in _GLUON_HEAD_DIMS, at most
     16 query heads a kv head (the mma's rows), caches whose K/V rows start 16-byte aligned (`_gluon_caches_aligned`:
     its copies move 16 bytes; a narrower one does not compile), a CUDA device of compute capability 9.x (the only
@@ -1216,7 +1216,7 @@ def _gluon_decode_kernel(
     split = gl.program_id(2)
     seq_len = gl.load(seq_lens_ptr + seq)
     if SPLIT:
-        partition_size = gl.maximum(gl.cdiv(gl.cdiv(seq_len, num_splits), TILE_ALIGN), 1) * TILE_ALIGN
+        partition_size = _partition_size(seq_len, num_splits, TILE_ALIGN)
         kv_begin = split * partition_size
         kv_end = gl.minimum(seq_len, kv_begin + partition_size)
     else:
@@ -1232,18 +1232,15 @@ def _gluon_decode_kernel(
     q = gl.load(q_ptrs, mask=(q_row < GROUP)[:, None] & (q_k < HEAD_DIM)[None, :], other=0.0)
     qk_scale = qk_scale * gl.load(k_scale_ptr + kv_head)
     if Q_BF16:
-        # bf16 q into fp16's range by an exact power of two, as _fp16_range (the max from a plain load of the rows).
+        # bf16 q into fp16's range by _fp16_range's exact power of two (found from a plain load of the rows; then
+        # applied to the gathered q, 1 / down being exact too).
         QB: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 1], [1, 0])
         qb_row = gl.arange(0, GROUP_PAD, layout=gl.SliceLayout(1, QB))
         qb_dim = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, QB))
         qb = gl.load(q_ptr + seq * stride_qt + (kv_head * GROUP + qb_row)[:, None] * stride_qh + qb_dim[None, :],
                      mask=(qb_row < GROUP)[:, None] & (qb_dim < HEAD_DIM)[None, :], other=0.0)
-        amax = gl.max(gl.max(gl.abs(qb.to(gl.float32)), axis=1), axis=0)
-        exponent = (amax.to(gl.int32, bitcast=True) >> 23) & 0xFF
-        exponent = gl.minimum(gl.maximum(exponent, 8), 254)
-        up = ((261 - exponent) << 23).to(gl.float32, bitcast=True)
-        down = ((exponent - 7) << 23).to(gl.float32, bitcast=True)
-        q = (q.to(gl.float32) * up).to(gl.float16)
+        _, down = _fp16_range(qb)
+        q = (q.to(gl.float32) * gl.div_rn(1.0, down)).to(gl.float16)  # rounded division: exact
         qk_scale = qk_scale * down
 
     bt_row = block_tables_ptr + seq.to(gl.int64) * stride_bt
