@@ -96,7 +96,8 @@ def crd_manifest() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: governor.dev/v1alpha1."},
             "kind": {"type": "string", "description": "Kind of this object: InferenceService."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server refuses anything but `type` (and restrictions on name/generateName) here.
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },
