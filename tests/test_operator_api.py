@@ -178,6 +178,29 @@ def test_bad_duration_says_what_a_duration_looks_like() -> None:
                                           "got 'half a second'"}
 
 
+@pytest.mark.parametrize(("path", "uri"), [
+    ("model.uri", "pvc://Bad_Claim/x"), ("model.uri", "hf://no-org"), ("model.uri", "hf://org/name@"),
+    ("engine.speculative", {"method": "draft_model", "draftModel": "hf://no-org", "numSpeculativeTokens": 4})])
+def test_the_uri_pattern_accepts_exactly_what_the_parser_does(path: str, uri: Any) -> None:
+    errors = errors_of(with_changes(MINIMAL, **{path: uri}))
+    (field,) = errors
+    assert field in ("spec.model.uri", "spec.engine.speculative.draftModel")
+    assert "unsupported model URI" in errors[field]
+
+
+@pytest.mark.parametrize("uri", ["/m", "/models/llama 3", "pvc://c", "pvc://c.d-e/x/y", "pvc://C/x", "hf://a/b",
+                                 "hf://a/b@v1.0/x", "hf://a", "s3://b/k", "//", "pvc://c/x y"])
+def test_model_uri_pattern_and_parser_agree(uri: str) -> None:
+    import re
+
+    try:
+        parse_model_uri(uri)
+        parsed = True
+    except ValueError:
+        parsed = False
+    assert (re.fullmatch(api.MODEL_URI_PATTERN, uri) is not None) == parsed
+
+
 def test_bad_uri_scheme_lists_the_accepted_forms() -> None:
     errors = errors_of(with_changes(MINIMAL, **{"model.uri": "s3://bucket/llama"}))
     assert list(errors) == ["spec.model.uri"]
@@ -238,9 +261,6 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "ngram with a draftModel": (
         {"engine.speculative": {"method": "ngram", "draftModel": "/models/draft", "numSpeculativeTokens": 4}},
         "spec.engine.speculative.draftModel"),
-    "draftModel of an unsupported form": (
-        {"engine.speculative": {"method": "draft_model", "draftModel": "hf://no-org", "numSpeculativeTokens": 4}},
-        "spec.engine.speculative.draftModel"),
     "tensor parallel wider than the pod's GPUs": (
         {"engine.tensorParallelSize": 4, "engine.resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
     "starting knob below its autotune bound": (
@@ -260,8 +280,6 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"engine.speculative": {"method": "ngram", "numSpeculativeTokens": 4},
          "autotune.bounds": {"numSpeculativeTokens": {"min": 0, "max": 8}}},
         "spec.autotune.bounds.numSpeculativeTokens.max"),
-    "structurally bad pvc URI (pattern passes, parser does not)": (
-        {"model.uri": "pvc://Bad_Claim/x"}, "spec.model.uri"),
     "hf revision disagreeing with model.revision": (
         {"model.uri": "hf://org/name@v1", "model.revision": "v2"}, "spec.model.revision"),
     "zero SLO target": ({"slo.itlP95": "0ms"}, "spec.slo.itlP95"),
@@ -283,6 +301,23 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "trigger window under a second": (
         {"rollout.rollbackOn": [{"metric": "itl_p95", "threshold": 1.5, "for": "500ms"}]},
         "spec.rollout.rollbackOn[0].for"),
+    "extraArgs setting a flag the operator sets": (
+        {"engine.extraArgs": ["--max-queue", "64", "--tensor-parallel-size", "4"]}, "spec.engine.extraArgs[2]"),
+    "extraArgs setting an operator flag as flag=value": (
+        {"engine.extraArgs": ["--port=9000"]}, "spec.engine.extraArgs[0]"),
+    "extraArgs setting the admin token file": (
+        {"engine.extraArgs": ["--admin-token-file", "/tmp/t"]}, "spec.engine.extraArgs[0]"),
+    "env setting an operator variable": (
+        {"engine.env": [{"name": "GOVERNOR_REVISION", "value": "x"}]}, "spec.engine.env[0].name"),
+    "env moving the writable home": ({"engine.env": [{"name": "HOME", "value": "/"}]}, "spec.engine.env[0].name"),
+    "podLabels setting a selector label": (
+        {"engine.podLabels": {"governor.dev/revision": "x"}}, "spec.engine.podLabels[governor.dev/revision]"),
+    "podLabels setting an app.kubernetes.io label": (
+        {"engine.podLabels": {"app.kubernetes.io/name": "x"}}, "spec.engine.podLabels[app.kubernetes.io/name]"),
+    "podLabels with an invalid key": ({"engine.podLabels": {"bad key": "x"}}, "spec.engine.podLabels[bad key]"),
+    "podAnnotations setting the scrape annotation": (
+        {"engine.podAnnotations": {"prometheus.io/scrape": "false"}},
+        "spec.engine.podAnnotations[prometheus.io/scrape]"),
 }
 
 
@@ -407,10 +442,15 @@ def test_crd_keeps_validation_and_defaults() -> None:
                                                                   {"weight": 50, "pause": "2m"}]
     status = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert status["x-kubernetes-preserve-unknown-fields"] is True
-    for open_part in ("tuning", "rollout"):
-        assert status["properties"][open_part] == {
-            "type": "object", "description": status["properties"][open_part]["description"],
-            "x-kubernetes-preserve-unknown-fields": True}
+    assert status["properties"]["tuning"] == {
+        "type": "object", "description": status["properties"]["tuning"]["description"],
+        "x-kubernetes-preserve-unknown-fields": True}
+    rollout = status["properties"]["rollout"]
+    assert rollout["x-kubernetes-preserve-unknown-fields"] is True  # typed where read, open for what is added
+    assert rollout["properties"]["canaryWeight"]["type"] == "integer"
+    conditions = status["properties"]["conditions"]
+    assert (conditions["x-kubernetes-list-type"], conditions["x-kubernetes-list-map-keys"]) == ("map", ["type"])
+    assert "type" in conditions["items"]["required"]  # a list-map key must be required
 
 
 def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
@@ -442,17 +482,23 @@ def test_crd_shape() -> None:
     spec = crd["spec"]
     assert spec["group"] == "governor.dev" and spec["scope"] == "Namespaced"
     assert spec["names"] == {"kind": "InferenceService", "listKind": "InferenceServiceList",
-                             "plural": "inferenceservices", "singular": "inferenceservice", "shortNames": ["infsvc"]}
+                             "plural": "inferenceservices", "singular": "inferenceservice", "shortNames": ["infsvc"],
+                             "categories": ["all", "governor"]}
     [version] = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
-    assert [(c["name"], c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]] == [
-        ("Model", "string", ".spec.model.uri"), ("Revision", "string", ".status.revision"),
-        ("Ready", "integer", ".status.readyReplicas"), ("Phase", "string", ".status.phase"),
-        ("Age", "date", ".metadata.creationTimestamp")]
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector"}}
+    assert [(c["name"], c["type"], c["jsonPath"], c.get("priority", 0))
+            for c in version["additionalPrinterColumns"]] == [
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', 0),
+        ("Phase", "string", ".status.phase", 0), ("Revision", "string", ".status.revision", 0),
+        ("Canary", "integer", ".status.canaryWeight", 0), ("Replicas", "integer", ".status.replicas", 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0), ("Model", "string", ".spec.model.uri", 1)]
     root = version["schema"]["openAPIV3Schema"]
     assert root["type"] == "object" and root["required"] == ["spec"]
     assert set(root["properties"]) == {"apiVersion", "kind", "metadata", "spec", "status"}
+    assert root["properties"]["metadata"] == {"type": "object"}  # the API server allows nothing else there
 
 
 @pytest.mark.parametrize("where", ["crds", "charts/governor/crds"])

@@ -20,10 +20,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from governor import contract
+from governor.operator.kube_types import (
+    QUANTITY_PATTERN,
+    Affinity,
+    EnvFromSource,
+    EnvVar,
+    IntOrPercent,
+    Kube,
+    LocalObjectReference,
+    ObjectName,
+    Quantity,
+    TopologySpreadConstraint,
+)
 from governor.tuner.signals import SLO
 
 GROUP = "governor.dev"
@@ -49,13 +61,18 @@ def duration_seconds(value: str) -> float:
 
 
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
+PositiveDuration = Annotated[str, Field(pattern=DURATION_PATTERN, json_schema_extra={"x-kubernetes-validations": [
+    {"rule": "duration(self) > duration('0s')", "message": "must be longer than zero"}]})]
 
 # --- model URIs -----------------------------------------------------------------------------------
 
-# The CRD checks only the scheme set; `parse_model_uri` checks each form's structure, with messages.
-MODEL_URI_PATTERN = r"^(/|pvc://|hf://)\S+$"
-_PVC_URI = re.compile(r"pvc://(?P<claim>[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)(?P<path>/\S*)?")
-_HF_URI = re.compile(r"hf://(?P<repo>[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*)(@(?P<revision>[-A-Za-z0-9_./]+))?")
+# The CRD's pattern and `parse_model_uri` accept exactly the same URIs; the parser also takes them apart.
+_PVC_CLAIM = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+_HF_REPO = r"[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*"
+_HF_REVISION = r"[-A-Za-z0-9_./]+"
+MODEL_URI_PATTERN = rf"^(/\S+|pvc://{_PVC_CLAIM}(/\S*)?|hf://{_HF_REPO}(@{_HF_REVISION})?)$"
+_PVC_URI = re.compile(rf"pvc://(?P<claim>{_PVC_CLAIM})(?P<path>/\S*)?")
+_HF_URI = re.compile(rf"hf://(?P<repo>{_HF_REPO})(@(?P<revision>{_HF_REVISION}))?")
 MODEL_URI_FORMS = "'/mounted/path', 'pvc://claim[/path]' or 'hf://org/name[@revision]'"
 
 
@@ -81,37 +98,81 @@ def parse_model_uri(uri: str) -> ModelURI:
     raise ValueError(f"unsupported model URI {uri!r}: expected {MODEL_URI_FORMS}")
 
 
-# --- Kubernetes quantities --------------------------------------------------------------------------
-
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
-
-
-def _int_to_str(value: object) -> object:
-    # `cpu: 4` in YAML is an integer; Kubernetes quantities accept both, like the native fields.
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
-Quantity = Annotated[
-    str,
-    BeforeValidator(_int_to_str),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
-    Field(pattern=QUANTITY_PATTERN),
-]
-
 # --- spec -------------------------------------------------------------------------------------------
 
 
-class _Wire(BaseModel):
-    """camelCase on the wire, strict types, no unknown fields, no NaN or infinity."""
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """`x-kubernetes-validations` (CEL rules the API server evaluates on `kubectl apply`) as JSON Schema extra:
+    (rule, message) pairs. Each rule restates a `validate_spec` check, which stays as the second line of defence
+    (the operator also reads objects stored before a rule existed)."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
 
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True,
-                              extra="forbid", strict=True, allow_inf_nan=False)
+
+def _cel_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
 
 
-class ModelSpec(_Wire):
+# `governor serve` flags the operator sets itself (from the spec field named, or for its own reasons): in
+# extraArgs they would override it, since a later flag wins. The engine's parser takes no abbreviations, so
+# the exact flag (or `flag=value`) is all there is to refuse.
+OPERATOR_FLAGS: dict[str, str] = {
+    "--model": "spec.model.uri",
+    "--served-model-name": "spec.model.servedName",
+    "--host": "the operator (the pod serves on 0.0.0.0:8000, which the Service and probes use)",
+    "--port": "the operator (the pod serves on 0.0.0.0:8000, which the Service and probes use)",
+    "--admin-token-file": "the operator (the service's admin-token Secret, mounted as a file)",
+    "--revision": "the operator (the revision hash on every metric)",
+    "--namespace": "the operator (the pod's namespace on every metric)",
+    "--drain-grace-s": "the operator (it matches the pod's termination grace period)",
+    "--dtype": "spec.engine.dtype",
+    "--kv-cache-dtype": "spec.engine.kvCacheDtype",
+    "--enable-prefix-caching": "spec.engine.prefixCaching",
+    "--no-enable-prefix-caching": "spec.engine.prefixCaching",
+    "--tensor-parallel-size": "spec.engine.tensorParallelSize",
+    "--device": "spec.engine.resources.gpus",
+    "--max-model-len": "spec.engine.maxModelLen",
+    "--speculative-config": "spec.engine.speculative",
+    "--max-num-seqs": "spec.engine.knobs.maxNumSeqs",
+    "--max-num-seqs-cap": "spec.autotune.bounds.maxNumSeqs.max",
+    "--max-num-batched-tokens": "spec.engine.knobs.maxNumBatchedTokens",
+    "--max-num-batched-tokens-cap": "spec.autotune.bounds.maxNumBatchedTokens.max",
+    "--num-speculative-tokens": "spec.engine.knobs.numSpeculativeTokens",
+}
+_FLAGS = _cel_list(list(OPERATOR_FLAGS))
+
+# Env vars the operator sets on the engine container (and the model download); `GOVERNOR_` is its prefix.
+OPERATOR_ENV_PREFIX = "GOVERNOR_"
+OPERATOR_ENV = ("HOME", "HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+# Pod labels the selectors rely on, and the prefix of the operator's own labels and annotations.
+OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+                   "app.kubernetes.io/component")
+OPERATOR_KEY_PREFIX = "governor.dev/"
+OPERATOR_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
+
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+
+
+class ModelCache(Kube):
+    """Where hf:// downloads go: an emptyDir (fresh each pod start) or a PersistentVolumeClaim (kept)."""
+
+    size: Quantity | None = Field(default=None, description=(
+        "Space for the checkpoint and the draft model: the emptyDir's sizeLimit. Default: 2.5 bytes per "
+        "parameter read from the repository name ('Llama-3.1-8B' → 19Gi, 'Mixtral-8x7B' → 131Gi), else 100Gi."))
+    claim_name: ObjectName | None = Field(default=None, description=(
+        "An existing PersistentVolumeClaim (same namespace) to download into instead: files already there are "
+        "not fetched again when a pod restarts. Pods on several nodes need it ReadWriteMany."))
+
+
+class ModelSpec(Kube):
     """The model to serve."""
 
-    uri: str = Field(pattern=MODEL_URI_PATTERN, description=(
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.revision) || !self.uri.startsWith('hf://') || !self.uri.contains('@') "
+         "|| self.uri.endsWith('@' + self.revision)",
+         "revision disagrees with the uri's @revision: give the revision in one place, or the same in both")))
+
+    uri: str = Field(pattern=MODEL_URI_PATTERN, max_length=1024, description=(
         "Where the checkpoint is: a path mounted in the pod ('/models/llama'), a PersistentVolumeClaim "
         "('pvc://claim/path/in/claim'), or a Hugging Face repository ('hf://org/name@revision')."))
     revision: str | None = Field(default=None, min_length=1, max_length=128, description=(
@@ -120,30 +181,46 @@ class ModelSpec(_Wire):
     served_name: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=63,
                                     description="Model name clients send in OpenAI requests (default: the "
                                                 "InferenceService's name). Lowercase letters, digits, '-', '.'.")
+    cache: ModelCache | None = Field(default=None, description=(
+        "Where hf:// models (and draft models) are downloaded: size and, optionally, a PersistentVolumeClaim "
+        "that keeps them across pod restarts."))
 
 
-class Resources(_Wire):
-    """Resources of one engine pod."""
+DEFAULT_CPU_REQUEST = "2"
+DEFAULT_MEMORY_REQUEST = "8Gi"
+
+
+class Resources(Kube):
+    """Resources of one engine pod. CPU and memory are always requested, so the pod is never BestEffort."""
 
     gpus: int = Field(default=1, ge=0, description="GPUs per pod (nvidia.com/gpu); 0 runs the engine on CPU.")
-    memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. '64Gi'.")
-    cpu: Quantity | None = Field(default=None, description="CPU request, e.g. '8' or '500m'.")
+    memory: Quantity | None = Field(default=None, description=(
+        f"Memory request and limit, e.g. '64Gi' (default: a request of {DEFAULT_MEMORY_REQUEST}, no limit)."))
+    cpu: Quantity | None = Field(default=None, description=(
+        f"CPU request, e.g. '8' or '500m' (default {DEFAULT_CPU_REQUEST}; never a limit: it would throttle the "
+        "step loop)."))
 
 
-class Speculative(_Wire):
+class Speculative(Kube):
     """Speculative decoding."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.method != 'draft_model' || has(self.draftModel)",
+         "method draft_model needs draftModel: the draft model's URI"),
+        ("self.method != 'ngram' || !has(self.draftModel)",
+         "method ngram takes no draftModel; remove it or use method draft_model")))
 
     method: Literal["ngram", "draft_model"] = Field(description=(
         "'ngram': draft tokens by prompt lookup (no extra model); 'draft_model': a small model of the same "
         "tokenizer drafts them (set draftModel)."))
-    draft_model: str | None = Field(default=None, pattern=MODEL_URI_PATTERN, description=(
+    draft_model: str | None = Field(default=None, pattern=MODEL_URI_PATTERN, max_length=1024, description=(
         "URI of the draft model (same forms as model.uri); required with method draft_model."))
     num_speculative_tokens: int = Field(ge=1, le=16, description=(
         "Draft tokens per step K: the initial value and the hard cap of the numSpeculativeTokens knob. "
         "To turn speculation off, leave out `speculative`."))
 
 
-class Knobs(_Wire):
+class Knobs(Kube):
     """Starting values of the live knobs (the tuner may change them; tuned values live in status).
 
     Field names are `contract.KNOB_NAMES`, so `model_dump(exclude_none=True)` is a knob update."""
@@ -156,7 +233,7 @@ class Knobs(_Wire):
         "Speculation depth K, at most speculative.numSpeculativeTokens (default: that cap; 0 = off)."))
 
 
-class Toleration(_Wire):
+class Toleration(Kube):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
     key: str | None = Field(default=None, description="Taint key; empty with operator Exists matches every taint.")
@@ -169,10 +246,19 @@ class Toleration(_Wire):
         "With effect NoExecute: how long the pod stays bound after the taint appears."))
 
 
-class EngineSpec(_Wire):
-    """The engine pods: image, resources, static configuration and starting knob values."""
+class EngineSpec(Kube):
+    """The engine pods: image, resources, static configuration, starting knob values and pod settings."""
 
-    image: str = Field(min_length=1, description="Engine container image, e.g. 'ghcr.io/org/governor:0.1.0'.")
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.resources.gpus == 0 || self.tensorParallelSize <= self.resources.gpus",
+         "tensorParallelSize needs as many GPUs per pod: raise resources.gpus or lower tensorParallelSize"),
+        ("!has(self.knobs.numSpeculativeTokens) || self.knobs.numSpeculativeTokens == 0 || "
+         "(has(self.speculative) && self.knobs.numSpeculativeTokens <= self.speculative.numSpeculativeTokens)",
+         "knobs.numSpeculativeTokens needs speculative decoding and at most speculative.numSpeculativeTokens "
+         "(the hard cap of K)")))
+
+    image: str = Field(min_length=1, max_length=1024, description="Engine container image, e.g. "
+                                                                  "'ghcr.io/org/governor:0.1.0'.")
     resources: Resources = Field(default_factory=Resources, json_schema_extra={"default": {}},
                                  description="Resources of one engine pod.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -187,22 +273,60 @@ class EngineSpec(_Wire):
         "Ranks the model is split over, one GPU each; needs resources.gpus ≥ this size on GPU."))
     knobs: Knobs = Field(default_factory=Knobs, json_schema_extra={"default": {}},
                          description="Starting values of the live knobs.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra `governor serve` arguments, "
-                                                                    "appended as given.")
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=64,
+        json_schema_extra=cel((f"self.all(a, !(a in {_FLAGS}) && !{_FLAGS}.exists(f, a.startsWith(f + '=')))",
+                               "extraArgs must not set a flag the operator sets (" + ", ".join(OPERATOR_FLAGS)
+                               + "): use the spec field for it")),
+        description="Extra `governor serve` arguments, appended as given; flags the operator sets from the spec "
+                    "(e.g. --port, --tensor-parallel-size, --admin-token-file) are refused.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=128, json_schema_extra=cel(
+        (f"self.all(e, !e.name.startsWith('{OPERATOR_ENV_PREFIX}') && !(e.name in {_cel_list(OPERATOR_ENV)}))",
+         f"env must not set {OPERATOR_ENV_PREFIX}* or " + ", ".join(OPERATOR_ENV) + ": the operator sets them")),
+        description="Environment variables of the engine container and of the model download, e.g. HF_TOKEN "
+                    "from a Secret for gated Hugging Face models.")
+    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=32, description=(
+        "Secrets and ConfigMaps whose keys become environment variables of the engine and the model download."))
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list, max_length=16, description=(
+        "Secrets to pull the engine image with (a private registry)."))
+    service_account_name: ObjectName | None = Field(default=None, description=(
+        "ServiceAccount of the engine pods (default: the namespace's default). Its API token is never mounted."))
+    affinity: Affinity | None = Field(default=None, description="Node and pod affinity of the engine pods.")
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(default_factory=list, max_length=8,
+                                                                        description=(
+        "How the engine pods spread over zones or nodes; a constraint without labelSelector counts this "
+        "service's pods."))
+    pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=cel(
+            (f"self.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in {_cel_list(OPERATOR_ANNOTATIONS)}))",
+             f"podAnnotations must not set {OPERATOR_KEY_PREFIX}* or " + ", ".join(OPERATOR_ANNOTATIONS)
+             + ": the operator sets them"),
+            (f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))", "podAnnotations keys must be valid annotation keys")),
+        description="Annotations added to the engine pods (changing them rolls out a new revision).")
+    pod_labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=cel(
+            (f"self.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in {_cel_list(OPERATOR_LABELS)}))",
+             f"podLabels must not set {OPERATOR_KEY_PREFIX}* or " + ", ".join(OPERATOR_LABELS)
+             + ": the operator's selectors use them"),
+            (f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))", "podLabels keys must be valid label keys")),
+        description="Labels added to the engine pods (changing them rolls out a new revision).")
+    priority_class_name: ObjectName | None = Field(default=None, description="PriorityClass of the engine pods.")
+    runtime_class_name: ObjectName | None = Field(default=None, description=(
+        "RuntimeClass of the engine pods (e.g. 'nvidia' where the GPU runtime is not the default)."))
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods must match.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Taints the pods tolerate.")
 
 
-class SLOSpec(_Wire):
+class SLOSpec(Kube):
     """Latency and error targets the tuner holds the service to (p95 over `window`)."""
 
-    ttft_p95: Duration = Field(description="Target p95 time to first token, e.g. '500ms'.")
-    itl_p95: Duration = Field(description="Target p95 inter-token latency, e.g. '50ms'.")
-    e2e_p95: Duration | None = Field(default=None, alias="e2eP95",  # to_camel would say e2EP95
-                                     description="Target p95 end-to-end request latency, e.g. '30s'.")
+    ttft_p95: PositiveDuration = Field(description="Target p95 time to first token, e.g. '500ms'.")
+    itl_p95: PositiveDuration = Field(description="Target p95 inter-token latency, e.g. '50ms'.")
+    e2e_p95: PositiveDuration | None = Field(default=None, alias="e2eP95",  # to_camel would say e2EP95
+                                             description="Target p95 end-to-end request latency, e.g. '30s'.")
     error_rate: float | None = Field(default=None, ge=0.0, le=1.0, description=(
         "Ceiling on the fraction of requests that end in an error (0..1)."))
-    window: Duration = Field(default="1m", description="Window the percentiles are computed over.")
+    window: PositiveDuration = Field(default="1m", description="Window the percentiles are computed over.")
 
     def targets(self) -> SLO:
         """These targets in seconds, as the tuner takes them."""
@@ -211,17 +335,24 @@ class SLOSpec(_Wire):
                    error_rate=self.error_rate)
 
 
-class KnobRange(_Wire):
+class KnobRange(Kube):
     """Inclusive range a knob may be tuned over."""
+
+    model_config = ConfigDict(json_schema_extra=cel(("self.min <= self.max", "min must not exceed max")))
 
     min: int = Field(ge=0, description="Lowest value the tuner may set.")
     max: int = Field(ge=0, description="Highest value the tuner may set.")
 
 
-class AutotuneBounds(_Wire):
+class AutotuneBounds(Kube):
     """Ranges the tuner keeps each knob in; a knob left out keeps the tuner's default range.
 
     Field names are `contract.KNOB_NAMES`."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.maxNumSeqs) || self.maxNumSeqs.min >= 1", "maxNumSeqs cannot go below 1"),
+        ("!has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens.min >= 1",
+         "maxNumBatchedTokens cannot go below 1")))
 
     max_num_seqs: KnobRange | None = Field(default=None, description="Range of maxNumSeqs.")
     max_num_batched_tokens: KnobRange | None = Field(default=None, description="Range of maxNumBatchedTokens.")
@@ -232,18 +363,18 @@ class AutotuneBounds(_Wire):
         return {name: (r.min, r.max) for name in contract.KNOB_NAMES if (r := getattr(self, name)) is not None}
 
 
-class AutotuneSpec(_Wire):
+class AutotuneSpec(Kube):
     """The SLO controller ("tuner") of this service."""
 
     enabled: bool = Field(default=False, description="Tune the live knobs to hold the SLO.")
-    interval: Duration = Field(default="15s", description="How often the tuner observes and decides.")
+    interval: PositiveDuration = Field(default="15s", description="How often the tuner observes and decides.")
     cooldown: Duration = Field(default="5m", description="Least time between two knob changes.")
     hysteresis: float = Field(default=0.1, ge=0.0, le=0.5, description=(
         "Relative band around each SLO target: act above target·(1+h), relax below target·(1−h)."))
     bounds: AutotuneBounds | None = Field(default=None, description="Ranges the tuner keeps each knob in.")
 
 
-class RolloutStep(_Wire):
+class RolloutStep(Kube):
     """One canary step: shift `weight` percent of traffic to the new revision, then judge it for `pause`."""
 
     weight: int = Field(ge=1, le=100, description=(
@@ -253,8 +384,16 @@ class RolloutStep(_Wire):
         "How long the step is judged, counted from when the canary's pods are ready, before the next step."))
 
 
-class RollbackTrigger(_Wire):
+class RollbackTrigger(Kube):
     """A condition on the canary that rolls the rollout back, judged over the window `for` at every check."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("self.comparison != 'relative' || self.metric == 'throughput' || self.threshold >= 1.0",
+         "a relative latency or error-rate threshold is a ratio to stable and must be at least 1 (1.2 = 20% worse)"),
+        ("self.comparison != 'relative' || self.metric != 'throughput' || self.threshold <= 1.0",
+         "a relative throughput threshold is a ratio to stable and must be at most 1 (0.8 = 20% less)"),
+        ("self.comparison != 'absolute' || self.metric != 'error_rate' || self.threshold <= 1.0",
+         "an absolute error-rate threshold is a fraction 0..1")))
 
     metric: Literal["ttft_p95", "itl_p95", "e2e_p95", "error_rate", "throughput"] = Field(
         description="Metric judged on the canary: p95 latencies in seconds, error rate 0..1, or generated "
@@ -265,24 +404,42 @@ class RollbackTrigger(_Wire):
         "for throughput, canary < threshold × stable)."))
     threshold: float = Field(gt=0.0, description="The limit in the metric's unit (absolute), or the ratio to "
                                                  "stable (relative).")
-    for_: Duration = Field(default="2m", alias="for", description=(
-        "Window the metric is computed over (canary and stable alike), e.g. '2m'."))
+    for_: Duration = Field(default="2m", alias="for", json_schema_extra=cel(
+        ("duration(self) >= duration('1s')", "a trigger window must be at least 1s (a Prometheus rate window)")),
+        description="Window the metric is computed over (canary and stable alike), e.g. '2m'.")
 
 
 def _default_steps() -> list[RolloutStep]:
     return [RolloutStep(weight=10, pause="2m"), RolloutStep(weight=50, pause="2m")]
 
 
-class RolloutSpec(_Wire):
+MAX_ROLLOUT_STEPS = 16
+# Standard CEL has no ranges: the index list bounds the steps the rule can see, hence maxItems.
+_STEP_INDEXES = "[" + ", ".join(str(i) for i in range(1, MAX_ROLLOUT_STEPS)) + "]"
+
+
+class RolloutSpec(Kube):
     """How a change of the pod template (model revision, image, static engine config) is rolled out."""
 
-    steps: list[RolloutStep] = Field(default_factory=_default_steps,
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!has(self.httpRoute) || !has(self.rollbackOn) || "
+         "self.rollbackOn.all(t, t.comparison != 'relative' || t.metric != 'throughput')",
+         "with httpRoute, a throughput trigger must be absolute: tokens/s per engine depends on each revision's "
+         "share of the route's traffic")))
+
+    steps: list[RolloutStep] = Field(default_factory=_default_steps, max_length=MAX_ROLLOUT_STEPS,
                                      json_schema_extra={"default": [{"weight": 10, "pause": "2m"},
-                                                                    {"weight": 50, "pause": "2m"}]},
+                                                                    {"weight": 50, "pause": "2m"}],
+                                                        **cel(("self.all(s, s.weight < 100)",
+                                                               "100 is not a step: the new revision is promoted to "
+                                                               "all traffic after the last step passes"),
+                                                              (f"{_STEP_INDEXES}.all(i, i >= size(self) || "
+                                                               "self[i].weight > self[i - 1].weight)",
+                                                               "step weights must strictly increase"))},
                                      description=(
         "Canary steps with strictly increasing weights below 100; after the last step passes, the new "
         "revision is promoted to all traffic. An empty list replaces the old revision at once."))
-    rollback_on: list[RollbackTrigger] = Field(default_factory=list, description=(
+    rollback_on: list[RollbackTrigger] = Field(default_factory=list, max_length=16, description=(
         "Triggers judged at every step; the first that fires rolls back to the previous revision."))
     http_route: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253,
                                    description=(
@@ -293,17 +450,51 @@ class RolloutSpec(_Wire):
         "rollout). The route itself (parents, matches, filters) stays yours."))
 
 
-class InferenceServiceSpec(_Wire):
+class DisruptionSpec(Kube):
+    """The PodDisruptionBudget of the stable revision's pods, made when spec.replicas > 1."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        ("!(has(self.maxUnavailable) && has(self.minAvailable))", "give maxUnavailable or minAvailable, not both")))
+
+    max_unavailable: IntOrPercent | None = Field(default=None, description=(
+        "Most pods a voluntary disruption (a node drain) may take down at once, e.g. 1 or '25%' (default 1)."))
+    min_available: IntOrPercent | None = Field(default=None, description=(
+        "Or: least pods that must stay up, e.g. 2 or '50%'."))
+
+    @model_validator(mode="after")
+    def _one_of(self) -> DisruptionSpec:
+        if self.max_unavailable is not None and self.min_available is not None:
+            raise ValueError("give maxUnavailable or minAvailable, not both")
+        return self
+
+
+class InferenceServiceSpec(Kube):
     """Desired state of an InferenceService: a model served by engine pods within latency SLOs."""
+
+    model_config = ConfigDict(json_schema_extra=cel(
+        *[(f"!has(self.autotune.bounds) || !has(self.autotune.bounds.{wire}) || !has(self.engine.knobs.{wire}) || "
+           f"(self.engine.knobs.{wire} >= self.autotune.bounds.{wire}.min && "
+           f"self.engine.knobs.{wire} <= self.autotune.bounds.{wire}.max)",
+           f"engine.knobs.{wire} must lie inside autotune.bounds.{wire}")
+          for wire in ("maxNumSeqs", "maxNumBatchedTokens")],
+        ("!has(self.autotune.bounds) || !has(self.autotune.bounds.numSpeculativeTokens) || "
+         "!has(self.engine.speculative) || "
+         "self.autotune.bounds.numSpeculativeTokens.max <= self.engine.speculative.numSpeculativeTokens",
+         "autotune.bounds.numSpeculativeTokens.max must not exceed engine.speculative.numSpeculativeTokens (the "
+         "hard cap of K)")))
 
     model: ModelSpec = Field(description="The model to serve.")
     engine: EngineSpec = Field(description="The engine pods.")
-    replicas: int = Field(default=1, ge=0, description="Engine pods of the stable revision.")
+    replicas: int = Field(default=1, ge=0, description=(
+        "Engine pods of the stable revision; the scale subresource sets it (`kubectl scale`, autoscalers)."))
     slo: SLOSpec = Field(description="Latency and error targets.")
     autotune: AutotuneSpec = Field(default_factory=AutotuneSpec, json_schema_extra={"default": {}},
                                    description="The SLO controller (off by default).")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}},
                                  description="Canary rollout of pod-template changes.")
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec, json_schema_extra={"default": {}},
+                                       description=(
+        "The PodDisruptionBudget kept while spec.replicas > 1 (default maxUnavailable 1)."))
 
 
 # --- status -----------------------------------------------------------------------------------------
@@ -328,21 +519,56 @@ class Condition(_Status):
                                                                       "from.")
 
 
+class RolloutStatus(_Status):
+    """`status.rollout`: the current or last rollout (docs/rollouts.md), written by the operator."""
+
+    phase: str | None = Field(default=None, description="Progressing, Paused, Promoted, RolledBack or Aborted.")
+    reason: str | None = Field(default=None, description="Why it is in this phase (CamelCase).")
+    message: str | None = Field(default=None, description="Human-readable details.")
+    step: int | None = Field(default=None, description="Index of the current step in spec.rollout.steps.")
+    steps: int | None = Field(default=None, description="Number of steps.")
+    requested_weight: int | None = Field(default=None, description="Weight the current step asks for (percent).")
+    canary_weight: int | None = Field(default=None, description="Share of traffic the canary gets (percent).")
+    stable_revision: str | None = Field(default=None, description="Revision rolled out from.")
+    canary_revision: str | None = Field(default=None, description="Revision rolled out.")
+    stable_template_hash: str | None = Field(default=None, description="sha256 of the stable pod template.")
+    canary_template_hash: str | None = Field(default=None, description="sha256 of the canary pod template.")
+    started_at: str | None = Field(default=None, description="When the rollout started (RFC 3339).")
+    step_started_at: str | None = Field(default=None, description="When the current step's judging started.")
+    ended_at: str | None = Field(default=None, description="When the rollout ended.")
+    analysis: list[dict[str, Any]] = Field(default_factory=list, description="The last verdict of each trigger.")
+    last_rollback: dict[str, Any] | None = Field(default=None, description=(
+        "The trigger that fired last: metric, observed value, threshold, window."))
+    traffic: str | None = Field(default=None, description="How traffic is split: replicas or httpRoute.")
+    plan: str | None = Field(default=None, description="The steps walked, e.g. '10%/2m,50%/2m'.")
+    superseded: bool | None = Field(default=None, description="Ended unpromoted, and the spec has moved on since.")
+
+
 class InferenceServiceStatus(_Status):
     """Observed state, written by the operator and the tuner."""
 
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
-    replicas: int | None = Field(default=None, description="Engine pods that exist, all revisions.")
-    ready_replicas: int | None = Field(default=None, description="Engine pods that are ready, all revisions.")
+    replicas: int | None = Field(default=None, description=(
+        "Pods of the stable revision (what spec.replicas sets; the scale subresource reports it)."))
+    ready_replicas: int | None = Field(default=None, description="Ready pods of the stable revision.")
+    selector: str | None = Field(default=None, description=(
+        "Label selector of the stable revision's pods, for the scale subresource (autoscalers read their "
+        "metrics)."))
+    canary_weight: int | None = Field(default=None, description=(
+        "Percent of traffic on the canary revision now (0 outside a rollout)."))
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"] | None = Field(
         default=None, description="Summary: Pending, Progressing, Ready, Degraded or Failed.")
     revision: str | None = Field(default=None, description="Revision serving the stable traffic.")
-    conditions: list[Condition] = Field(default_factory=list, description="Current conditions.")
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="Current conditions, one per type.")
     tuning: dict[str, Any] | None = Field(default=None, description="The tuner's state: effective knob values "
                                                                     "and recent decision records.")
-    rollout: dict[str, Any] | None = Field(default=None, description=(
+    rollout: RolloutStatus | None = Field(default=None, description=(
         "The current or last rollout: phase, step, canaryWeight, stable and canary revisions with their "
         "pod-template hashes, the last trigger verdicts, and lastRollback (see docs/rollouts.md)."))
+    traffic_routing: dict[str, Any] | None = Field(default=None, description=(
+        "The HTTPRoute that splits traffic (spec.rollout.httpRoute) and what, if anything, makes it unusable."))
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -375,6 +601,8 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
       starting value lies inside its bound;
     - SLO targets and tuner intervals are positive durations;
     - rollout step weights strictly increase and stay below 100 (promotion to 100 is implicit);
+    - extraArgs set no flag the operator sets (`OPERATOR_FLAGS`), env no variable it sets, podLabels and
+      podAnnotations no key it sets; label keys and values are valid Kubernetes labels;
     - a relative rollback trigger's threshold is a ratio pointing the worse way (≥ 1; ≤ 1 for throughput),
       an absolute error-rate threshold is a fraction, and every trigger window is at least 1s.
     """
@@ -418,6 +646,7 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
     if gpus > 0 and engine.tensor_parallel_size > gpus:
         err(FieldError("spec.engine.tensorParallelSize",
                        f"{engine.tensor_parallel_size} ranks need as many GPUs per pod, but resources.gpus is {gpus}"))
+    errors += _pod_setting_errors(engine)
 
     bounds = spec.autotune.bounds.given() if spec.autotune.bounds is not None else {}
     for name, (lo, hi) in bounds.items():
@@ -467,6 +696,37 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
         if step.weight == 100:
             err(FieldError(f"spec.rollout.steps[{i}].weight", "100 is not a step: the new revision is promoted to "
                                                               "all traffic after the last step passes"))
+    return errors
+
+
+def _pod_setting_errors(engine: EngineSpec) -> list[FieldError]:
+    """What the operator owns among the pod settings a user may add to, and label syntax."""
+    errors = []
+    for i, arg in enumerate(engine.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in OPERATOR_FLAGS:
+            errors.append(FieldError(f"spec.engine.extraArgs[{i}]", f"{flag} is set by {OPERATOR_FLAGS[flag]}; "
+                                                                     "remove it from extraArgs"))
+    for i, var in enumerate(engine.env):
+        if var.name.startswith(OPERATOR_ENV_PREFIX) or var.name in OPERATOR_ENV:
+            errors.append(FieldError(f"spec.engine.env[{i}].name", f"{var.name} is set by the operator (it owns "
+                                                                   f"{OPERATOR_ENV_PREFIX}* and "
+                                                                   f"{', '.join(OPERATOR_ENV)})"))
+    for field, owned, keys in (("podLabels", OPERATOR_LABELS, engine.pod_labels),
+                               ("podAnnotations", OPERATOR_ANNOTATIONS, engine.pod_annotations)):
+        for key in keys:
+            if key.startswith(OPERATOR_KEY_PREFIX) or key in owned:
+                errors.append(FieldError(f"spec.engine.{field}[{key}]", f"{key} is set by the operator; use "
+                                                                        "another key"))
+            elif not re.fullmatch(LABEL_KEY_PATTERN, key):
+                errors.append(FieldError(f"spec.engine.{field}[{key}]", "not a valid key: an optional DNS "
+                                                                        "subdomain prefix and '/', then up to 63 "
+                                                                        "letters, digits, '-', '_', '.'"))
+    for key, value in engine.pod_labels.items():
+        if value and not re.fullmatch(LABEL_VALUE_PATTERN, value):
+            errors.append(FieldError(f"spec.engine.podLabels[{key}]", f"{value!r} is not a valid label value: up "
+                                                                      "to 63 letters, digits, '-', '_', '.', "
+                                                                      "starting and ending alphanumeric"))
     return errors
 
 
