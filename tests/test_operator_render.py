@@ -16,6 +16,7 @@ from governor.operator.render import (
     LABEL_REVISION,
     LABEL_SERVICE,
     admin_secret,
+    cache_size,
     render,
     revision_hash,
     starting_knobs,
@@ -244,18 +245,28 @@ def test_unvalidated_tensor_parallel_spec_still_asks_for_a_gpu_per_rank() -> Non
     assert engine_of(children(spec))["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
 
+def volumes_of(objs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod's volumes by name, without the two every engine pod has (/tmp and the admin token)."""
+    return {v["name"]: v for v in pod_of(objs)["volumes"] if v["name"] not in ("tmp", "admin-token")}
+
+
+def model_mounts(container: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in container["volumeMounts"] if m["name"] not in ("tmp", "admin-token")]
+
+
 def test_single_rank_pod_has_no_shared_memory_volume() -> None:
     objs = children(spec_of(MINIMAL))
-    assert pod_of(objs)["volumes"] == []
-    assert engine_of(objs)["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert volumes_of(objs) == {}
+    assert engine_of(objs)["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"},
+                                            "limits": {"nvidia.com/gpu": "1"}}
 
 
 def test_pvc_model_is_mounted_read_only_under_models() -> None:
     objs = children(spec_of(with_model(uri="pvc://weights/llama/3.1-8b")))
-    assert pod_of(objs)["volumes"] == [{"name": "model-pvc-0",
-                                        "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}]
-    assert engine_of(objs)["volumeMounts"] == [{"name": "model-pvc-0", "mountPath": "/models/weights",
-                                                "readOnly": True}]
+    assert volumes_of(objs) == {"model-pvc-0": {"name": "model-pvc-0",
+                                                "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}}
+    assert model_mounts(engine_of(objs)) == [{"name": "model-pvc-0", "mountPath": "/models/weights",
+                                              "readOnly": True}]
     assert serve_args(objs).model == "/models/weights/llama/3.1-8b"
     assert "initContainers" not in pod_of(objs)
 
@@ -264,7 +275,7 @@ def test_pvc_draft_model_on_the_same_claim_shares_its_volume() -> None:
     objs = children(spec_of(with_model(uri="pvc://weights/big"),
                             speculative={"method": "draft_model", "draftModel": "pvc://weights/small",
                                          "numSpeculativeTokens": 3}))
-    assert len(pod_of(objs)["volumes"]) == 1
+    assert len(volumes_of(objs)) == 1
     assert serve_args(objs).speculative_config == {"method": "draft_model", "num_speculative_tokens": 3,
                                                    "model": "/models/weights/small"}
 
@@ -272,15 +283,51 @@ def test_pvc_draft_model_on_the_same_claim_shares_its_volume() -> None:
 def test_hf_model_is_downloaded_by_an_init_container_into_the_model_cache() -> None:
     objs = children(spec_of(with_model(uri="hf://meta-llama/Llama-3.1-8B@main")))
     pod = pod_of(objs)
-    assert pod["volumes"] == [{"name": "model-cache", "emptyDir": {}}]
+    assert volumes_of(objs) == {"model-cache": {"name": "model-cache", "emptyDir": {"sizeLimit": "19Gi"}}}
     (init,) = pod["initContainers"]
     assert init["image"] == "ghcr.io/example/governor:0.1.0"
     assert init["command"][:2] == ["python", "-c"]
-    assert "snapshot_download" in init["command"][2]
-    assert init["command"][3:] == ["meta-llama/Llama-3.1-8B", "main", "/models/hf/meta-llama/Llama-3.1-8B"]
-    assert init["volumeMounts"] == [{"name": "model-cache", "mountPath": "/models/hf"}]
-    assert engine_of(objs)["volumeMounts"] == [{"name": "model-cache", "mountPath": "/models/hf", "readOnly": True}]
+    assert "snapshot_download" in init["command"][2] and "allow_patterns" in init["command"][2]
+    assert init["command"][3:6] == ["meta-llama/Llama-3.1-8B", "main", "/models/hf/meta-llama/Llama-3.1-8B"]
+    assert json.loads(init["command"][6]) == ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    assert model_mounts(init) == [{"name": "model-cache", "mountPath": "/models/hf"}]
+    assert model_mounts(engine_of(objs)) == [{"name": "model-cache", "mountPath": "/models/hf", "readOnly": True}]
     assert serve_args(objs).model == "/models/hf/meta-llama/Llama-3.1-8B"
+
+
+@pytest.mark.parametrize(("repos", "size"), [
+    (["meta-llama/Llama-3.1-8B-Instruct"], "19Gi"),  # 8e9 × 2.5 B = 18.6 GiB
+    (["Qwen/Qwen2.5-0.5B-Instruct"], "2Gi"),
+    (["mistralai/Mixtral-8x7B-v0.1"], "131Gi"),  # 8 experts × 7B
+    (["HuggingFaceTB/SmolLM2-135M"], "1Gi"),
+    (["Qwen/Qwen3-30B-A3B"], "70Gi"),  # the total, not the active 3B
+    (["openai-community/gpt2"], "100Gi"),  # no size in the name
+    (["meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.2-1B"], "166Gi"),  # target and draft share the volume
+])
+def test_model_cache_size_is_derived_from_the_repository_names(repos: list[str], size: str) -> None:
+    assert cache_size(repos) == size
+
+
+def test_draft_model_download_is_counted_in_the_cache_size() -> None:
+    objs = children(spec_of(with_model(uri="hf://meta-llama/Llama-3.1-70B"),
+                            speculative={"method": "draft_model", "draftModel": "hf://meta-llama/Llama-3.2-1B",
+                                         "numSpeculativeTokens": 3}))
+    assert volumes_of(objs)["model-cache"]["emptyDir"] == {"sizeLimit": "166Gi"}
+    assert [c["name"] for c in pod_of(objs)["initContainers"]] == ["fetch-model", "fetch-draft-model"]
+
+
+def test_model_cache_size_from_the_spec_overrides_the_derived_one() -> None:
+    objs = children(spec_of(with_model(uri="hf://org/model-8B", cache={"size": "40Gi"})))
+    assert volumes_of(objs)["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}}
+
+
+def test_model_cache_on_a_claim_keeps_downloads_across_restarts() -> None:
+    objs = children(spec_of(with_model(uri="hf://org/model-8B", cache={"claimName": "hf-cache"})))
+    assert volumes_of(objs)["model-cache"] == {"name": "model-cache",
+                                               "persistentVolumeClaim": {"claimName": "hf-cache"}}
+    (init,) = pod_of(objs)["initContainers"]
+    assert model_mounts(init) == [{"name": "model-cache", "mountPath": "/models/hf"}]  # written by the download only
+    assert model_mounts(engine_of(objs))[0]["readOnly"] is True
 
 
 def test_hf_revision_comes_from_model_revision_when_the_uri_has_none() -> None:
@@ -288,14 +335,19 @@ def test_hf_revision_comes_from_model_revision_when_the_uri_has_none() -> None:
     assert pod_of(objs)["initContainers"][0]["command"][4] == "0123abc"
 
 
-def test_admin_token_reaches_the_engine_only_as_a_secret_reference() -> None:
+def test_admin_token_reaches_the_engine_only_as_a_mounted_secret_file() -> None:
     objs = children(spec_of(MINIMAL))
-    env = {e["name"]: e for e in engine_of(objs)["env"]}
-    assert env[contract.ADMIN_TOKEN_ENV] == {"name": contract.ADMIN_TOKEN_ENV, "valueFrom": {
-        "secretKeyRef": {"name": "chat-admin-token", "key": "token"}}}
+    container = engine_of(objs)
+    env = {e["name"]: e for e in container["env"]}
+    assert contract.ADMIN_TOKEN_ENV not in env
     assert env[contract.REVISION_ENV]["value"] == objs["ConfigMap"]["data"]["revision"]
     assert "Secret" not in objs
-    assert "--admin-token-file" not in engine_of(objs)["args"]
+    volume = next(v for v in pod_of(objs)["volumes"] if v["name"] == "admin-token")
+    assert volume["secret"] == {"secretName": "chat-admin-token", "defaultMode": 0o440,
+                                "items": [{"key": "token", "path": "token"}]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "admin-token")
+    assert mount == {"name": "admin-token", "mountPath": "/var/run/governor/admin", "readOnly": True}
+    assert serve_args(objs).admin_token_file == "/var/run/governor/admin/token"
 
 
 def test_the_engine_takes_its_namespace_label_from_the_pod_s_own_namespace() -> None:

@@ -34,6 +34,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf sees the timer exit, and kopf looks again only on a new watch event or after this many seconds
     # (default 60: the service lingered a minute after its delete handler had succeeded).
     settings.background.cancellation_polling = 1.0
+    # API discovery only: kopf never lists or watches CustomResourceDefinitions or Namespaces, so the operator
+    # needs no cluster-wide grant when it serves listed namespaces (the chart then binds namespaced Roles only).
+    # The CRD must be installed before the operator starts (Helm installs crds/ first); namespaces given with
+    # --namespace are taken as exact names.
+    settings.scanning.disabled = True
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:

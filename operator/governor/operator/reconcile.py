@@ -22,15 +22,17 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from governor.operator.analysis import Query, judge, no_prometheus
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.api import KIND, InferenceServiceSpec, parse_spec
 from governor.operator.render import (
     LABEL_REVISION,
     LABEL_SERVICE,
     PORT,
     TEMPLATE_HASH_ANNOTATION,
     admin_secret,
+    admin_secret_name,
     config_map_name,
     deployment_name,
+    disruption_budget,
     render,
     revision_hash,
     role_services,
@@ -103,6 +105,10 @@ Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 def _ops(kind: str) -> Ops:
     core, apps = client.CoreV1Api(), client.AppsV1Api()
+    if kind == "PodDisruptionBudget":
+        policy = client.PolicyV1Api()
+        return (policy.read_namespaced_pod_disruption_budget, policy.create_namespaced_pod_disruption_budget,
+                policy.patch_namespaced_pod_disruption_budget)
     if kind == "Deployment":
         return apps.read_namespaced_deployment, apps.create_namespaced_deployment, apps.patch_namespaced_deployment
     if kind == "Service":
@@ -253,19 +259,40 @@ def keep_stable(name: str, namespace: str, revision: str, replicas: int, status:
 
 
 def delete_children(name: str, namespace: str) -> list[str]:
-    """Delete every child labelled for service `name`. The API server's garbage collector would do it
-    through the ownerReferences; doing it explicitly makes deletion independent of the collector's pace."""
+    """Delete every child labelled for service `name`, and its admin-token Secret and PodDisruptionBudget by name
+    (the operator may not list Secrets). The API server's garbage collector would do it through the
+    ownerReferences; doing it explicitly makes deletion independent of the collector's pace."""
     core, apps = client.CoreV1Api(), client.AppsV1Api()
     removed: list[str] = []
     for kind, lister, deleter in (
             ("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
             ("Service", core.list_namespaced_service, core.delete_namespaced_service),
-            ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map),
-            ("Secret", core.list_namespaced_secret, core.delete_namespaced_secret)):
+            ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map)):
         for child in owned_children(lister, namespace, name):
             if _delete(deleter, child["metadata"]["name"], namespace):
                 removed.append(f"deleted {kind}/{child['metadata']['name']}")
+    for kind, by_name in (("Secret", admin_secret_name(name)), ("PodDisruptionBudget", name)):
+        if delete_controlled(kind, by_name, namespace, name):
+            removed.append(f"deleted {kind}/{by_name}")
     return removed
+
+
+def delete_controlled(kind: str, child: str, namespace: str, owner: str) -> bool:
+    """Delete `kind`/`child` if it exists and InferenceService `owner` controls it; True when deleted. One made
+    outside Governor (e.g. an admin-token Secret the user created) or another service's is left alone."""
+    read = _ops(kind)[0]
+    try:
+        existing = _as_dict(read(child, namespace))
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    controller = _controller(existing.get("metadata") or {})
+    if controller is None or controller.get("kind") != KIND or controller.get("name") != owner:
+        return False
+    deleter = {"Secret": client.CoreV1Api().delete_namespaced_secret,
+               "PodDisruptionBudget": client.PolicyV1Api().delete_namespaced_pod_disruption_budget}[kind]
+    return _delete(deleter, child, namespace)
 
 
 def _routes() -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -521,6 +548,9 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
         writes += unroute_traffic(name, namespace, str(old_route))
     assert keep is not None
     writes += prune_revisions(name, namespace, keep)
+    if disruption_budget(name, namespace, uid, spec) is None and delete_controlled("PodDisruptionBudget", name,
+                                                                                    namespace, name):
+        writes.append(f"deleted PodDisruptionBudget/{name} (spec.replicas ≤ 1)")
     if action is not None and not transitions:
         events.append(("RolloutActionIgnored", f"{ACTION_ANNOTATION}={action}: no rollout in progress that it "
                                                "applies to", "Normal"))
@@ -528,7 +558,6 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
     stable_dep = revision_deployments(name, namespace).get(stable) if writes else existing.get(stable)
     ready = _ready(stable_dep)
     want = spec.replicas
-    all_deps = existing.values()
     if want == 0 or ready >= want:
         ready_status, reason, msg = "True", "ReplicasReady", f"{ready}/{want} replicas of revision {stable} ready"
     else:
@@ -558,9 +587,13 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
     events += [(t.reason, t.message, t.type) for t in transitions]
     if status.get("phase") != phase:
         events.append((phase, msg, "Normal"))
+    shifting = (active or promoting) and rollout is not None
     new_status: dict[str, Any] = {
         "observedGeneration": generation, "phase": phase, "revision": stable,
-        "replicas": sum(_replicas(d) for d in all_deps), "readyReplicas": sum(_ready(d) for d in all_deps),
+        # The scale subresource's view: the stable revision is what spec.replicas sizes.
+        "replicas": _replicas(stable_dep), "readyReplicas": ready,
+        "selector": f"{LABEL_SERVICE}={name},{LABEL_REVISION}={stable}",
+        "canaryWeight": rollout.canary_weight if shifting and rollout is not None else 0,
         "conditions": conditions}
     if rollout is not None:
         new_status["rollout"] = rollout.to_status()
@@ -578,7 +611,8 @@ def _divergence(desired: str, stable: str, rollout: Rollout) -> str:
 
 def apply_shared(name: str, namespace: str, uid: str, generation: int, spec: InferenceServiceSpec,
                  status: Mapping[str, Any], pod_monitor: bool, writes: list[str]) -> None:
-    """Apply the children every revision shares (Service, PodMonitor), not the spec's revision's own."""
+    """Apply the children every revision shares (Service, PodDisruptionBudget, PodMonitor), not the spec's
+    revision's own."""
     for obj in render(name, namespace, uid, generation, spec, dict(status), pod_monitor=pod_monitor):
-        if obj["kind"] in ("Service", "PodMonitor") and (w := apply_child(obj)):
+        if obj["kind"] in ("Service", "PodMonitor", "PodDisruptionBudget") and (w := apply_child(obj)):
             writes.append(w)

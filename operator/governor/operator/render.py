@@ -9,6 +9,7 @@ What is rendered, per service `<name>`:
 - ConfigMap `<name>-<revision>-config`: the engine arguments as JSON for humans and drift checks, the
   revision, the starting knob values the pods read at start, and their limits (`synced_knobs` keeps a stable
   revision's values tuned without re-rendering it);
+- PodDisruptionBudget `<name>` over every revision's pods, while spec.replicas > 1;
 - PodMonitor `<name>` (Prometheus Operator), when asked for;
 - with an HTTPRoute (`role_services`): Services `<name>-stable` and `<name>-canary`, one revision each.
 The admin-token Secret is not rendered: the operator creates it once with a random token (`admin_secret`)
@@ -32,22 +33,40 @@ to start higher, raise the bound.
 Model sources (`spec.model.uri`, and `speculative.draftModel` the same way):
 - `/path`: used as is (the user mounts it, e.g. through the node or an image);
 - `pvc://claim/path`: the claim is mounted read-only at /models/<claim>, the model is /models/<claim>/<path>;
-- `hf://org/name@rev`: an init container, from the engine image, downloads the repository with
-  `huggingface_hub.snapshot_download` into the emptyDir `model-cache` at /models/hf/org/name. This needs
-  network access from the pod to the Hub (or HF_ENDPOINT), huggingface_hub in the engine image, and
-  for gated repositories an HF_TOKEN, which is not rendered here. The download repeats on every pod start.
+- `hf://org/name@rev`: an init container, from the engine image, downloads the weights, configs and tokenizer
+  files of the repository (`huggingface_hub.snapshot_download`, `DOWNLOAD_PATTERNS`) into the volume
+  `model-cache` at /models/hf/org/name: an emptyDir whose sizeLimit is `spec.model.cache.size`, else derived
+  from the repository name (`cache_size`), or the PersistentVolumeClaim `spec.model.cache.claimName`, where
+  files already present are not fetched again. This needs network access from the pod to the Hub (or
+  HF_ENDPOINT) and, for gated repositories, an HF_TOKEN from `spec.engine.env`.
+
+Pods pass the Pod Security "restricted" profile: non-root (uid `RUN_AS_USER`, the engine image's user), no
+privilege escalation, every capability dropped, the runtime's default seccomp profile, a read-only root
+filesystem with emptyDirs where the engine and the download write (/tmp: HOME and the Triton, Torch Inductor
+and Hugging Face caches), no service account token, and the admin token as a mounted Secret file. CPU and
+memory are always requested (never BestEffort).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from governor import contract
-from governor.operator.api import API_VERSION, KIND, InferenceServiceSpec, parse_model_uri
+from governor.operator.api import (
+    API_VERSION,
+    DEFAULT_CPU_REQUEST,
+    DEFAULT_MEMORY_REQUEST,
+    KIND,
+    OPERATOR_ENV,
+    InferenceServiceSpec,
+    parse_model_uri,
+)
 from governor.operator.traffic import role_service_name
 from governor.tuner.policy import DEFAULT_BOUNDS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
@@ -59,7 +78,27 @@ MODELS_DIR = "/models"
 HF_DIR = f"{MODELS_DIR}/hf"
 MODEL_CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
+TMP_VOLUME = "tmp"
+TMP_DIR = "/tmp"
+TMP_SIZE_LIMIT = "4Gi"  # compile caches (Triton, Torch Inductor, CUDA) and the download's metadata
+ADMIN_TOKEN_VOLUME = "admin-token"
+ADMIN_TOKEN_DIR = "/var/run/governor/admin"
 CONTAINER = "engine"
+
+RUN_AS_USER = 10001  # the engine image's user (docker/engine.Dockerfile)
+# Environment every container gets, so nothing writes outside the emptyDirs (the root filesystem is read-only).
+WRITABLE_ENV = {"HOME": TMP_DIR, "HF_HOME": f"{TMP_DIR}/hf", "XDG_CACHE_HOME": f"{TMP_DIR}/cache",
+                "TRITON_CACHE_DIR": f"{TMP_DIR}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{TMP_DIR}/inductor"}
+assert set(WRITABLE_ENV) == set(OPERATOR_ENV), "api.OPERATOR_ENV lists the env vars rendered here"
+# What the engine reads of a Hugging Face repository: configs, safetensors weights, tokenizer and chat template
+# files. Other formats of the same weights (e.g. `original/*.pth`) are not downloaded.
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+INIT_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+# Model cache sizing from a repository name: parameters ("8B", "0.5B", "135M", "8x7B") × bytes per parameter
+# (2 for bf16/fp16, plus a quarter for the download's temporary files); else a fixed size.
+CACHE_BYTES_PER_PARAMETER = 2.5
+DEFAULT_CACHE_GI = 100
+_PARAMETERS = re.compile(r"(?<![A-Za-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)([BbMm])(?![A-Za-z0-9])")
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -177,15 +216,36 @@ def synced_knobs(config_map: Mapping[str, Any], status: Mapping[str, Any] | None
 # --- model sources ------------------------------------------------------------------------------------
 
 
+def parameters_in_name(repo: str) -> float | None:
+    """Parameters a Hugging Face repository name states ("meta-llama/Llama-3.1-8B" → 8e9, "Mixtral-8x7B" → 5.6e10,
+    "SmolLM2-135M" → 1.35e8); None when it states none."""
+    match = _PARAMETERS.search(repo.rsplit("/", 1)[-1])
+    if match is None:
+        return None
+    experts = int(match[1]) if match[1] else 1
+    return experts * float(match[2]) * (1e9 if match[3] in "Bb" else 1e6)
+
+
+def cache_size(repos: list[str]) -> str:
+    """sizeLimit of the download volume for these repositories: `CACHE_BYTES_PER_PARAMETER` per parameter their
+    names state, `DEFAULT_CACHE_GI` for one that states none; in whole Gi."""
+    gib = 0
+    for repo in repos:
+        params = parameters_in_name(repo)
+        gib += DEFAULT_CACHE_GI if params is None else max(1, math.ceil(params * CACHE_BYTES_PER_PARAMETER / 2**30))
+    return f"{gib}Gi"
+
+
 @dataclass
 class _Mounts:
     """Volumes, mounts and init containers the model sources need, collected in a stable order."""
 
-    image: str
+    spec: InferenceServiceSpec
     volumes: list[dict[str, Any]] = field(default_factory=list)
     mounts: list[dict[str, Any]] = field(default_factory=list)
     init_containers: list[dict[str, Any]] = field(default_factory=list)
     claims: dict[str, str] = field(default_factory=dict)  # claim → volume name
+    repos: list[str] = field(default_factory=list)  # hf:// repositories downloaded
 
     def path_of(self, uri: str, revision: str | None, role: str) -> str:
         """The model directory inside the pod for `uri`, adding what it needs."""
@@ -200,21 +260,61 @@ class _Mounts:
                                                                                "readOnly": True}})
                 self.mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{source.claim}", "readOnly": True})
             return f"{MODELS_DIR}/{source.claim}{source.path}"
-        if not any(v["name"] == MODEL_CACHE_VOLUME for v in self.volumes):
-            self.volumes.append({"name": MODEL_CACHE_VOLUME, "emptyDir": {}})
+        if not self.repos:
             self.mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR, "readOnly": True})
+        self.repos.append(source.repo)
         local_dir = f"{HF_DIR}/{source.repo}"
         rev = source.revision or revision or ""
         self.init_containers.append({
             "name": f"fetch-{role}",
-            "image": self.image,
+            "image": self.spec.engine.image,
             # snapshot_download is stable across huggingface_hub releases; its CLI module names are not.
-            "command": ["python", "-c", "import sys; from huggingface_hub import snapshot_download; "
-                        "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])",
-                        source.repo, rev, local_dir],
-            "volumeMounts": [{"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR}],
+            "command": ["python", "-c", "import json, sys; from huggingface_hub import snapshot_download; "
+                        "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
+                        "allow_patterns=json.loads(sys.argv[4]))",
+                        source.repo, rev, local_dir, json.dumps(DOWNLOAD_PATTERNS)],
+            "volumeMounts": [{"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR}, _tmp_mount()],
+            "env": _env(self.spec, []),
+            **({"envFrom": _env_from(self.spec)} if self.spec.engine.env_from else {}),
+            "resources": INIT_RESOURCES,
+            "securityContext": CONTAINER_SECURITY,
         })
         return local_dir
+
+    def cache_volume(self) -> dict[str, Any] | None:
+        """The volume hf:// downloads go to: the spec's claim, else an emptyDir sized for the repositories."""
+        if not self.repos:
+            return None
+        cache = self.spec.model.cache
+        if cache is not None and cache.claim_name:
+            return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}
+        size = cache.size if cache is not None and cache.size else cache_size(self.repos)
+        return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size}}
+
+
+# --- pod security ---------------------------------------------------------------------------------------
+
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+                # a claim used as the model cache is chowned once, not on every mount
+                "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}
+
+
+def _tmp_mount() -> dict[str, Any]:
+    return {"name": TMP_VOLUME, "mountPath": TMP_DIR}
+
+
+def _env(spec: InferenceServiceSpec, operator_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The container's env: the operator's own, the writable locations, then the user's (`spec.engine.env`,
+    which validation keeps off the names the operator sets)."""
+    writable = [{"name": k, "value": v} for k, v in WRITABLE_ENV.items()]
+    user = [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in spec.engine.env]
+    return operator_env + writable + user
+
+
+def _env_from(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    return [s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.engine.env_from]
 
 
 # --- engine arguments ---------------------------------------------------------------------------------
@@ -226,6 +326,7 @@ def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: _
     engine = spec.engine
     args = [mounts.path_of(spec.model.uri, spec.model.revision, "model"),
             "--host", "0.0.0.0", "--port", str(PORT),
+            "--admin-token-file", f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
             "--served-model-name", spec.model.served_name or name,
             "--revision", revision,
             "--drain-grace-s", str(DRAIN_GRACE_S),
@@ -274,73 +375,101 @@ def _http_probe(path: str, period_s: int, failure_threshold: int) -> dict[str, A
 
 
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """Requests always carry CPU and memory (documented defaults), so the pod is never BestEffort."""
     res = spec.engine.resources
-    requests: dict[str, str] = {}
+    requests = {"cpu": res.cpu or DEFAULT_CPU_REQUEST, "memory": res.memory or DEFAULT_MEMORY_REQUEST}
     limits: dict[str, str] = {}
     if res.gpus > 0:
         # One GPU per tensor-parallel rank; validate_spec already rejects gpus < tensorParallelSize.
         limits["nvidia.com/gpu"] = str(max(res.gpus, spec.engine.tensor_parallel_size))
     if res.memory is not None:
-        requests["memory"] = limits["memory"] = res.memory
-    if res.cpu is not None:
-        requests["cpu"] = res.cpu  # a request only (the API says so): CPU limits throttle the step loop
+        limits["memory"] = res.memory  # a given memory is request and limit; no CPU limit: it throttles the step loop
+    return {"requests": requests, "limits": limits} if limits else {"requests": requests}
+
+
+def _scheduling(name: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The pod's scheduling and identity settings from spec.engine, only those given."""
+    engine = spec.engine
     out: dict[str, Any] = {}
-    if requests:
-        out["requests"] = requests
-    if limits:
-        out["limits"] = limits
+    if engine.node_selector:
+        out["nodeSelector"] = dict(sorted(engine.node_selector.items()))
+    if engine.tolerations:
+        out["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in engine.tolerations]
+    if engine.affinity is not None:
+        out["affinity"] = engine.affinity.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                                     exclude_defaults=True)
+    if engine.topology_spread_constraints:
+        constraints = []
+        for c in engine.topology_spread_constraints:
+            constraint = c.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_defaults=True)
+            # Without a selector a constraint counts no pods; this service's are the ones meant.
+            constraint.setdefault("labelSelector", {"matchLabels": {LABEL_SERVICE: name}})
+            constraints.append(constraint)
+        out["topologySpreadConstraints"] = constraints
+    if engine.image_pull_secrets:
+        out["imagePullSecrets"] = [s.model_dump(mode="json", by_alias=True) for s in engine.image_pull_secrets]
+    for key, value in (("serviceAccountName", engine.service_account_name),
+                       ("priorityClassName", engine.priority_class_name),
+                       ("runtimeClassName", engine.runtime_class_name)):
+        if value is not None:
+            out[key] = value
     return out
 
 
 def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec, revision: str,
                 args: list[str], mounts: _Mounts, replicas: int) -> dict[str, Any]:
     labels = _labels(name, revision)
-    volumes = list(mounts.volumes)
-    volume_mounts = list(mounts.mounts)
+    volumes = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
+               {"name": ADMIN_TOKEN_VOLUME, "secret": {"secretName": admin_secret_name(name), "defaultMode": 0o440,
+                                                       "items": [{"key": ADMIN_TOKEN_KEY, "path": ADMIN_TOKEN_KEY}]}}]
+    volume_mounts = [_tmp_mount(), {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True}]
+    cache = mounts.cache_volume()
+    volumes += mounts.volumes + ([cache] if cache is not None else [])
+    volume_mounts += mounts.mounts
     if spec.engine.tensor_parallel_size > 1:
         # NCCL between ranks goes through /dev/shm; the container default (64 MiB) is too small.
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
         volume_mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
-    env: list[dict[str, Any]] = [
-        {"name": contract.ADMIN_TOKEN_ENV,
-         "valueFrom": {"secretKeyRef": {"name": admin_secret_name(name), "key": ADMIN_TOKEN_KEY}}},
+    operator_env: list[dict[str, Any]] = [
         {"name": contract.REVISION_ENV, "value": revision},
         # The namespace scope label of the metrics: another namespace's service of this name and spec has the
         # same model_name and revision.
         {"name": contract.NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
-    env += [{"name": knob_env(knob),
-             "valueFrom": {"configMapKeyRef": {"name": config_map_name(name, revision), "key": knob}}}
-            for knob in started_knobs(spec)]
+    operator_env += [{"name": knob_env(knob),
+                      "valueFrom": {"configMapKeyRef": {"name": config_map_name(name, revision), "key": knob}}}
+                     for knob in started_knobs(spec)]
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.engine.image,
         "command": ["governor", "serve"],
         "args": args,
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
-        "env": env,
+        "env": _env(spec, operator_env),
         "resources": _resources(spec),
         "startupProbe": _http_probe("/health", 10, 180),  # up to 30 minutes to load a model
         "livenessProbe": _http_probe("/health", 10, 3),
         "readinessProbe": _http_probe("/ready", 5, 2),
         "volumeMounts": volume_mounts,
+        "securityContext": CONTAINER_SECURITY,
     }
+    if spec.engine.env_from:
+        container["envFrom"] = _env_from(spec)
     pod: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "automountServiceAccountToken": False,  # the engine never calls the Kubernetes API
+        "enableServiceLinks": False,  # no env var per Service in the namespace
+        "securityContext": POD_SECURITY,
         "volumes": volumes,
+        **_scheduling(name, spec),
     }
     if mounts.init_containers:
         pod["initContainers"] = mounts.init_containers
-    if spec.engine.node_selector:
-        pod["nodeSelector"] = dict(sorted(spec.engine.node_selector.items()))
-    if spec.engine.tolerations:
-        pod["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True)
-                              for t in spec.engine.tolerations]
+    annotations = {**spec.engine.pod_annotations, "prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
+                   "prometheus.io/path": "/metrics"}
     template = {
-        "metadata": {"labels": labels,
-                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
-                                     "prometheus.io/path": "/metrics"}},
+        "metadata": {"labels": {**spec.engine.pod_labels, **labels}, "annotations": annotations},
         "spec": pod,
     }
     metadata = _metadata(deployment_name(name, revision), namespace, uid, name, labels)
@@ -375,10 +504,10 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
     revision = revision_hash(spec)
     knobs = starting_knobs(spec, status)
     started = started_knobs(spec)
-    template_mounts = _Mounts(spec.engine.image)
+    template_mounts = _Mounts(spec)
     args = _engine_args(name, spec, revision, template_mounts, {knob: f"$({knob_env(knob)})" for knob in started})
     # The same arguments with the knobs filled in, for humans: what the next pod will run.
-    effective = _engine_args(name, spec, revision, _Mounts(spec.engine.image),
+    effective = _engine_args(name, spec, revision, _Mounts(spec),
                              {knob: str(knobs[knob]) for knob in started})
 
     labels = _labels(name, revision)
@@ -409,6 +538,9 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
     deployment = _deployment(name, namespace, uid, spec, revision, args, template_mounts,
                              spec.replicas if replicas is None else replicas)
     children = [deployment, service, config_map]
+    budget = disruption_budget(name, namespace, uid, spec)
+    if budget is not None:
+        children.append(budget)
     if pod_monitor:
         children.append({
             "apiVersion": "monitoring.coreos.com/v1",
@@ -420,6 +552,20 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
             },
         })
     return children
+
+
+def disruption_budget(name: str, namespace: str, uid: str, spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    """PodDisruptionBudget `<name>` over every engine pod of the service while spec.replicas > 1 (a budget on a
+    single pod would block node drains for good); maxUnavailable 1 unless spec.disruption says otherwise."""
+    if spec.replicas <= 1:
+        return None
+    given = spec.disruption.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(name, namespace, uid, name, _labels(name, None)),
+        "spec": {"selector": {"matchLabels": {LABEL_SERVICE: name}}, **(given or {"maxUnavailable": 1})},
+    }
 
 
 def admin_secret(name: str, namespace: str, uid: str, token: str) -> dict[str, Any]:
