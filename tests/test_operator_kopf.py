@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.kube_emulator import Cluster, start_emulator
+from tests.chart import operator_bindings
+from tests.kube_emulator import Cluster, Grants, start_emulator
 
 NS = "default"
 IS_PATH = f"/apis/governor.dev/v1alpha1/namespaces/{NS}/inferenceservices"
@@ -31,20 +32,25 @@ SPEC = {"model": {"uri": "/models/chat"}, "engine": {"image": "ghcr.io/example/g
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with start_emulator(tmp_path) as c:
+    """The emulator, granting the operator exactly what the chart's ClusterRole grants (all namespaces)."""
+    with start_emulator(tmp_path, Grants(operator_bindings())) as c:
         yield c
+        c.assert_nothing_denied()
 
 
 class Operator:
-    """`governor operator -A` against the emulator; PodMonitors are rendered when the emulator serves their
-    API group (it does: `monitoring.coreos.com/v1/podmonitors` is declared), as in a cluster with the CRD."""
+    """`governor operator -A` (or `--namespace NS` for each of `namespaces`) against the emulator; PodMonitors are
+    rendered when the emulator serves their API group (it does: `monitoring.coreos.com/v1/podmonitors` is
+    declared), as in a cluster with the CRD."""
 
-    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cluster: Cluster, log: Path, env: dict[str, str] | None = None,
+                 namespaces: tuple[str, ...] = ()) -> None:
         self.log = log
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "GOVERNOR_RECONCILE_INTERVAL_S": "2",
                **(env or {})}
         self.out = log.open("w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "operator", "-A"], env=env,
+        scope = [f"--namespace={ns}" for ns in namespaces] or ["-A"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "operator", *scope], env=env,
                                      stdout=self.out, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
@@ -92,7 +98,8 @@ def children(cluster: Cluster) -> dict[str, dict[str, Any]]:
     for kind, path in (("Deployment", f"/apis/apps/v1/namespaces/{NS}/deployments"),
                        ("Service", f"/api/v1/namespaces/{NS}/services"),
                        ("ConfigMap", f"/api/v1/namespaces/{NS}/configmaps"),
-                       ("Secret", f"/api/v1/namespaces/{NS}/secrets")):
+                       ("Secret", f"/api/v1/namespaces/{NS}/secrets"),
+                       ("PodDisruptionBudget", f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")):
         for item in (get(cluster, path) or {}).get("items", []):
             out[f"{kind}/{item['metadata']['name']}"] = item
     return out
@@ -108,8 +115,9 @@ def test_create_renders_owned_children_and_reports_status(cluster: Cluster, oper
                     60, operator.log, "no Deployment")
     deployment = next(v for k, v in kids.items() if k.startswith("Deployment/"))
     config = f"ConfigMap/{deployment['metadata']['name']}-config"
-    assert {"Service/chat", config, "Secret/chat-admin-token"} <= set(kids)
-    owned = [deployment, kids["Service/chat"], kids[config], kids["Secret/chat-admin-token"]]
+    assert {"Service/chat", config, "Secret/chat-admin-token", "PodDisruptionBudget/chat"} <= set(kids)
+    owned = [deployment, kids["Service/chat"], kids[config], kids["Secret/chat-admin-token"],
+             kids["PodDisruptionBudget/chat"]]
     for obj in owned:
         refs = obj["metadata"]["ownerReferences"]
         assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [("InferenceService", "chat",
@@ -126,6 +134,9 @@ def test_create_renders_owned_children_and_reports_status(cluster: Cluster, oper
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ReplicasStarting")
     assert status["revision"] in deployment["metadata"]["name"]
+    # What the scale subresource reads: the stable revision's pods and their selector.
+    assert (status["replicas"], status["readyReplicas"], status["canaryWeight"]) == (0, 0, 0)
+    assert status["selector"] == f"governor.dev/service=chat,governor.dev/revision={status['revision']}"
     secret = kids["Secret/chat-admin-token"]
     token = (secret.get("stringData") or {}).get("token") or (secret.get("data") or {}).get("token")
     assert token and len(token) >= 32
@@ -286,3 +297,26 @@ def test_a_name_taken_by_an_object_the_service_does_not_control_is_reported_and_
     wait_for(lambda: ((get(cluster, f"{svc_path}/chat") or {}).get("metadata") or {}).get("ownerReferences"), 30,
              operator.log, "the operator did not create its own Service once the name was free")
     wait_for(lambda: conflict() is None, 30, operator.log, "the NameConflict condition stayed")
+
+
+def test_a_namespaced_operator_works_with_only_the_chart_s_roles_in_its_namespace(tmp_path: Path) -> None:
+    """With watchedNamespaces, the chart binds namespaced Roles only (no ClusterRole): the operator, serving that
+    namespace, still creates, reconciles and deletes a service, and never asks for anything else (the emulator
+    refuses what the Roles do not grant, and the fixture-free check below fails on any refusal)."""
+    bindings = operator_bindings("--set", f"watchedNamespaces={{{NS}}}")
+    assert bindings and all(scope == NS for scope, _ in bindings)  # no cluster-wide grant at all
+    with start_emulator(tmp_path, Grants(bindings)) as cluster:
+        op = Operator(cluster, tmp_path / "operator.log", namespaces=(NS,))
+        try:
+            create_service(cluster, "chat", SPEC)
+            wait_for(lambda: {"Service/chat", "Secret/chat-admin-token", "PodDisruptionBudget/chat"}
+                     <= set(children(cluster)), 60, op.log, "no children")
+            wait_for(lambda: status_of(cluster, "chat").get("observedGeneration"), 30, op.log, "no status")
+            r = httpx.delete(cluster.url + f"{IS_PATH}/chat", timeout=5)
+            assert r.status_code in (200, 202), r.text
+            wait_for(lambda: get(cluster, f"{IS_PATH}/chat") is None, 30, op.log, "the service was not released")
+            assert children(cluster) == {}
+            assert op.proc.poll() is None
+        finally:
+            op.stop()
+        cluster.assert_nothing_denied()

@@ -24,7 +24,8 @@ import pytest
 from governor.operator.analysis import PrometheusQuery, judge
 from governor.operator.api import InferenceServiceSpec, RollbackTrigger, parse_spec
 from governor.operator.render import revision_hash
-from tests.kube_emulator import Cluster, start_emulator
+from tests.chart import operator_bindings
+from tests.kube_emulator import Cluster, Grants, start_emulator
 from tests.metric_exporter import Exporter
 from tests.prometheus_server import PromServer, start_prometheus
 from tests.test_operator_kopf import IS_PATH, NS, Operator, create_service, get, status_of, wait_for
@@ -130,7 +131,8 @@ def world(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     route = getattr(request, "param", {}).get("route")
     v1, v2 = spec_with("ghcr.io/example/engine:1", pause, route), spec_with("ghcr.io/example/engine:2", pause, route)
     with ExitStack() as stack:
-        cluster = stack.enter_context(start_emulator(tmp_path))
+        cluster = stack.enter_context(start_emulator(tmp_path, Grants(operator_bindings())))
+        stack.callback(cluster.assert_nothing_denied)
         stable = Exporter("chat", revision_of(v1), NS, ttft_s=0.1)
         stack.callback(stable.close)
         canary = Exporter("chat", revision_of(v2), NS, ttft_s=canary_ttft)

@@ -50,7 +50,8 @@ from governor.operator.tuning import (
 )
 from governor.tuner.prom import PrometheusSource
 from governor.tuner.records import DecisionRecord, Outcome
-from tests.kube_emulator import Cluster, start_emulator
+from tests.chart import operator_bindings
+from tests.kube_emulator import Cluster, Grants, start_emulator
 from tests.prometheus_server import PromServer, start_prometheus
 from tests.test_operator_kopf import IS_PATH, NS, Operator, create_service, get, status_of, wait_for
 from tests.test_server import Server, free_port, start_server
@@ -288,8 +289,9 @@ def start_operator(cluster: Cluster, log: Path, monkeypatch: pytest.MonkeyPatch,
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with start_emulator(tmp_path) as c:
+    with start_emulator(tmp_path, Grants(operator_bindings())) as c:
         yield c
+        c.assert_nothing_denied()
 
 
 def test_without_prometheus_the_operator_reports_no_prometheus(cluster: Cluster, tmp_path: Path,

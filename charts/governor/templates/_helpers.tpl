@@ -20,3 +20,73 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- toJson (list .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The operator's rules, the same in its ClusterRole (all namespaces) and in each watched namespace's Role.
+Literal on purpose: tests read them as plain YAML. kopf runs --standalone (no kopf.dev peering objects) and
+with resource scanning off (API discovery only), so nothing on CustomResourceDefinitions or Namespaces.
+*/}}
+{{- define "governor.operatorRules" -}}
+rules:
+  # The InferenceServices themselves; status is written by the operator and the tuner.
+  - apiGroups: ["governor.dev"]
+    resources: ["inferenceservices"]
+    verbs: ["get", "list", "watch", "patch", "update"]
+  - apiGroups: ["governor.dev"]
+    resources: ["inferenceservices/status"]
+    verbs: ["get", "patch", "update"]
+  # Children: stable and canary Deployments, the Service, the engine ConfigMap, the PodDisruptionBudget.
+  - apiGroups: ["apps"]
+    resources: ["deployments"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: [""]
+    resources: ["services", "configmaps"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: ["policy"]
+    resources: ["poddisruptionbudgets"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  # The engines' admin-token Secret, only ever addressed by name: created once, read back, deleted with the
+  # service. No list or watch: those would expose every Secret's data in the namespace.
+  - apiGroups: [""]
+    resources: ["secrets"]
+    verbs: ["get", "create", "delete"]
+  # The tuner reaches each ready engine pod of a service's stable revision at its admin API (pod IP).
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["get", "list"]
+  # Canary weights on the HTTPRoute a service names (spec.rollout.httpRoute); the route stays the user's.
+  - apiGroups: ["gateway.networking.k8s.io"]
+    resources: ["httproutes"]
+    verbs: ["get", "patch"]
+  # Events with stable reasons (kopf posts core/v1 events; events.k8s.io for newer clients).
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+  - apiGroups: ["events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+  # One PodMonitor per service when the Prometheus Operator is installed (GOVERNOR_POD_MONITOR).
+  - apiGroups: ["monitoring.coreos.com"]
+    resources: ["podmonitors"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+{{- end -}}
+
+{{/* "true" when the chart renders its PodMonitor (podMonitor.enabled: auto, true or false), else empty. */}}
+{{- define "governor.podMonitorRendered" -}}
+{{- $mode := toString .Values.podMonitor.enabled -}}
+{{- if not (has $mode (list "auto" "true" "false")) -}}
+{{- fail (printf "podMonitor.enabled must be auto, true or false, not %q" $mode) -}}
+{{- end -}}
+{{- if or (eq $mode "true") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PodMonitor")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The operator image: pinned by digest when image.digest is set, else repository:tag. */}}
+{{- define "governor.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
