@@ -1573,6 +1573,34 @@ def cel_rule_errors(rule: dict[str, Any], index: int, schema: dict[str, Any], pa
     return errs
 
 
+def to_cel(value: Any, schema: dict[str, Any]) -> Any:
+    """`value` as the CEL value the API server binds to `self` (UnstructuredToVal), typed by `schema`: `integer` as
+    an int, `number` as a double even when written `1`, int-or-string as either, objects with a schema as maps."""
+    import celpy
+    from celpy import celtypes
+
+    if value is None:
+        return None
+    if schema.get("x-kubernetes-int-or-string"):
+        return celtypes.IntType(value) if isinstance(value, int) else celtypes.StringType(value)
+    kind = schema.get("type")
+    if kind == "integer":
+        return celtypes.IntType(value)
+    if kind == "number":
+        return celtypes.DoubleType(value)
+    if kind == "string":
+        return celtypes.StringType(value)
+    if kind == "boolean":
+        return celtypes.BoolType(value)
+    if kind == "array":
+        return celtypes.ListType([to_cel(v, schema.get("items") or {}) for v in value])
+    if kind == "object" and ("properties" in schema or isinstance(schema.get("additionalProperties"), dict)):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
+        return celtypes.MapType({celtypes.StringType(k): to_cel(v, props.get(k, extra)) for k, v in value.items()})
+    return celpy.json_to_cel(value)  # x-kubernetes-preserve-unknown-fields: untyped
+
+
 def cel_value_errors(value: Any, schema: dict[str, Any], path: str, *, is_resource_root: bool = False
                      ) -> list[FieldError]:
     """The x-kubernetes-validations rules of a schema evaluated on a value, where cel-python can evaluate them.
@@ -1591,7 +1619,7 @@ def cel_value_errors(value: Any, schema: dict[str, Any], path: str, *, is_resour
         if problem or tree is None or _cel_uses_old_self(tree):
             continue
         try:
-            result = _cel_env().program(tree).evaluate({"self": celpy.json_to_cel(value)})
+            result = _cel_env().program(tree).evaluate({"self": to_cel(value, s)})
         except Exception:  # a rule cel-python cannot run is not a failed rule
             continue
         if not isinstance(result, celpy.celtypes.BoolType) or bool(result):

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.api import EngineSpec, InferenceServiceSpec, ModelSpec, parse_spec
 from tests.chart import CHART, FULLNAME, RELEASE, RELEASE_NAMESPACE, ROOT, run_helm
 from tests.chart import rendered as render_chart
 
@@ -163,8 +163,8 @@ def test_full_example_sets_every_spec_field() -> None:
     spec = yaml.safe_load((ROOT / "examples/inferenceservice-full.yaml").read_text())["spec"]
     assert set(spec) == {a.alias for a in InferenceServiceSpec.model_fields.values()}
     engine = spec["engine"]
-    assert set(engine) == {"image", "resources", "dtype", "kvCacheDtype", "prefixCaching", "speculative",
-                           "maxModelLen", "tensorParallelSize", "knobs", "extraArgs", "nodeSelector", "tolerations"}
+    assert set(engine) == {a.alias for a in EngineSpec.model_fields.values()}
+    assert set(spec["model"]) == {a.alias for a in ModelSpec.model_fields.values()}
     assert (engine["kvCacheDtype"], engine["tensorParallelSize"], engine["resources"]["gpus"]) == ("fp8", 2, 2)
     assert engine["speculative"] == {"method": "ngram", "numSpeculativeTokens": 4}
     assert {"e2eP95", "errorRate"} <= set(spec["slo"])

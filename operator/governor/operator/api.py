@@ -476,7 +476,7 @@ class InferenceServiceSpec(Kube):
            f"(self.engine.knobs.{wire} >= self.autotune.bounds.{wire}.min && "
            f"self.engine.knobs.{wire} <= self.autotune.bounds.{wire}.max)",
            f"engine.knobs.{wire} must lie inside autotune.bounds.{wire}")
-          for wire in ("maxNumSeqs", "maxNumBatchedTokens")],
+          for wire in ("maxNumSeqs", "maxNumBatchedTokens", "numSpeculativeTokens")],
         ("!has(self.autotune.bounds) || !has(self.autotune.bounds.numSpeculativeTokens) || "
          "!has(self.engine.speculative) || "
          "self.autotune.bounds.numSpeculativeTokens.max <= self.engine.speculative.numSpeculativeTokens",

@@ -1,0 +1,210 @@
+"""The CRD's CEL rules (x-kubernetes-validations), evaluated with a real CEL implementation (cel-python) on the
+objects `kubectl apply` would send: every example is admitted; every spec `validate_spec` refuses is refused by
+the API server too, with the rule's message, before the operator ever sees it; and the two agree on generated
+specs. `validate_spec` stays as the second line of defence (objects stored before a rule existed)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.crds import FILENAME, crd_manifest
+from tests.crd_admission import admit
+from tests.test_operator_api import FULL, MINIMAL, SEMANTIC_CASES, with_changes
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = yaml.safe_load((ROOT / "crds" / FILENAME).read_text())
+EXAMPLES = ["examples/inferenceservice-minimal.yaml", "examples/inferenceservice-full.yaml",
+            "examples/argocd/services/chat.yaml"]
+
+
+def service(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "governor.dev/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": "llm"}, "spec": spec}
+
+
+def refusals(spec: dict[str, Any]) -> list[str]:
+    return admit(service(spec), CRD)[1]
+
+
+def test_the_file_is_the_generated_crd() -> None:
+    assert crd_manifest() == CRD
+
+
+@pytest.mark.parametrize("path", EXAMPLES)
+def test_every_example_is_admitted(path: str) -> None:
+    obj = yaml.safe_load((ROOT / path).read_text())
+    assert admit(obj, CRD)[1] == []
+
+
+@pytest.mark.parametrize("spec", [MINIMAL, FULL], ids=["minimal", "full"])
+def test_the_parsing_tests_specs_are_admitted(spec: dict[str, Any]) -> None:
+    assert refusals(spec) == []
+
+
+def test_admission_applies_the_schema_defaults_before_the_rules() -> None:
+    stored, errors = admit(service(MINIMAL), CRD)
+    assert errors == []
+    assert stored["spec"]["engine"]["resources"] == {"gpus": 1}
+    assert stored["spec"]["rollout"]["steps"] == [{"weight": 10, "pause": "2m"}, {"weight": 50, "pause": "2m"}]
+
+
+# The rule message each semantic case meets on `kubectl apply`.
+RULE_MESSAGES = {
+    "bound min above max": "min must not exceed max",
+    "bound min zero for a knob that starts at 1": "maxNumBatchedTokens cannot go below 1",
+    "draft_model without draftModel": "method draft_model needs draftModel",
+    "ngram with a draftModel": "method ngram takes no draftModel",
+    "tensor parallel wider than the pod's GPUs": "tensorParallelSize needs as many GPUs per pod",
+    "starting knob below its autotune bound": "engine.knobs.maxNumSeqs must lie inside autotune.bounds.maxNumSeqs",
+    "starting knob above its autotune bound": "engine.knobs.maxNumBatchedTokens must lie inside "
+                                              "autotune.bounds.maxNumBatchedTokens",
+    "K knob without speculative decoding": "knobs.numSpeculativeTokens needs speculative decoding",
+    "K knob above the speculative cap": "knobs.numSpeculativeTokens needs speculative decoding and at most",
+    "K bound above the speculative cap": "autotune.bounds.numSpeculativeTokens.max must not exceed",
+    "hf revision disagreeing with model.revision": "revision disagrees with the uri's @revision",
+    "zero SLO target": "must be longer than zero",
+    "zero tuner interval": "must be longer than zero",
+    "rollout weights not increasing": "step weights must strictly increase",
+    "rollout step of 100": "100 is not a step",
+    "relative latency trigger below 1 (would fire on a better canary)": "must be at least 1",
+    "relative throughput trigger above 1": "must be at most 1",
+    "absolute error rate above 1": "an absolute error-rate threshold is a fraction",
+    "relative throughput trigger with route weights": "with httpRoute, a throughput trigger must be absolute",
+    "trigger window under a second": "a trigger window must be at least 1s",
+    "extraArgs setting a flag the operator sets": "extraArgs must not set a flag the operator sets",
+    "extraArgs setting an operator flag as flag=value": "extraArgs must not set a flag the operator sets",
+    "extraArgs setting the admin token file": "extraArgs must not set a flag the operator sets",
+    "env setting an operator variable": "env must not set GOVERNOR_*",
+    "env moving the writable home": "env must not set GOVERNOR_*",
+    "podLabels setting a selector label": "podLabels must not set governor.dev/*",
+    "podLabels setting an app.kubernetes.io label": "podLabels must not set governor.dev/*",
+    "podLabels with an invalid key": "podLabels keys must be valid label keys",
+    "podAnnotations setting the scrape annotation": "podAnnotations must not set governor.dev/*",
+}
+
+
+def test_every_semantic_check_has_a_rule() -> None:
+    assert set(RULE_MESSAGES) == set(SEMANTIC_CASES)
+
+
+@pytest.mark.parametrize("case", list(SEMANTIC_CASES))
+def test_a_spec_validate_spec_refuses_is_refused_by_the_api_server_with_the_rule_s_message(case: str) -> None:
+    changes, _ = SEMANTIC_CASES[case]
+    errors = refusals(with_changes(MINIMAL, **changes))
+    assert len(errors) == 1 and RULE_MESSAGES[case] in errors[0], errors
+
+
+# Rules on the embedded Kubernetes types (pydantic model validators are their second line of defence).
+TYPE_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "env value and valueFrom": (
+        {"engine.env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+        "spec.engine.env[0]", "an env var takes value or valueFrom, not both"),
+    "valueFrom with two sources": (
+        {"engine.env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"},
+                                                    "secretKeyRef": {"name": "s", "key": "k"}}}]},
+        "spec.engine.env[0].valueFrom", "valueFrom takes exactly one of"),
+    "envFrom with neither source": (
+        {"engine.envFrom": [{"prefix": "X_"}]}, "spec.engine.envFrom[0]", "envFrom takes exactly one of"),
+    "disruption with both fields": (
+        {"disruption": {"maxUnavailable": 1, "minAvailable": 1}}, "spec.disruption", "not both"),
+}
+
+
+@pytest.mark.parametrize("case", list(TYPE_CASES))
+def test_embedded_kubernetes_types_are_checked_by_rule_and_by_the_operator(case: str) -> None:
+    changes, path, message = TYPE_CASES[case]
+    raw = with_changes(MINIMAL, **changes)
+    errors = refusals(raw)
+    assert len(errors) == 1 and message in errors[0], errors
+    parsed = parse_spec(raw)
+    assert isinstance(parsed, list) and [e.path for e in parsed] == [path]
+    assert message in parsed[0].message
+
+
+def test_a_rule_that_cannot_evaluate_refuses_like_the_api_server() -> None:
+    """A rule reading a field that is absent errs; the API server then refuses the object rather than skip."""
+    raw = with_changes(MINIMAL, **{"rollout.httpRoute": "route"})
+    assert refusals(raw) == []  # the rule guards rollbackOn with has(): absent is fine
+    assert refusals(with_changes(raw, **{"rollout.rollbackOn": [{"metric": "throughput", "threshold": 0.8,
+                                                                 "comparison": "absolute"}]})) == []
+
+
+# --- agreement on generated specs ------------------------------------------------------------------------------
+
+# Each draw is valid most of the time and sits on an edge of a rule some of the time, so that generated specs
+# are both admitted and refused, mostly for one reason.
+FLAGS = ["--max-queue", "--seed", "--enforce-eager", "--max-queue=9"] * 4 + ["--port", "--tensor-parallel-size=2"]
+ENV_NAMES = ["HF_TOKEN", "HTTPS_PROXY", "HF_ENDPOINT", "NCCL_DEBUG"] * 3 + ["GOVERNOR_X", "HOME"]
+LABEL_KEYS = ["team", "example.com/tier", "tier"] * 4 + ["governor.dev/x", "app.kubernetes.io/name", "-bad"]
+TRIGGERS = [{"metric": "ttft_p95", "comparison": "relative", "threshold": 1.5},
+            {"metric": "error_rate", "comparison": "absolute", "threshold": 0.5},
+            {"metric": "throughput", "comparison": "absolute", "threshold": 1.5},
+            {"metric": "ttft_p95", "comparison": "absolute", "threshold": 0.5}] * 3 + [
+    {"metric": "ttft_p95", "comparison": "relative", "threshold": 0.5},
+    {"metric": "throughput", "comparison": "relative", "threshold": 1.0},
+    {"metric": "throughput", "comparison": "relative", "threshold": 1.5},
+    {"metric": "error_rate", "comparison": "absolute", "threshold": 1.5}]
+
+
+def mostly(draw: st.DrawFn, valid: st.SearchStrategy[Any], edge: st.SearchStrategy[Any]) -> Any:
+    return draw(edge) if draw(st.integers(0, 9)) == 3 else draw(valid)  # not 0: hypothesis favours bounds
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> dict[str, Any]:
+    spec = copy.deepcopy(MINIMAL)
+    engine = spec["engine"]
+    tp = draw(st.integers(1, 4))
+    engine["tensorParallelSize"] = tp
+    engine["resources"] = {"gpus": mostly(draw, st.sampled_from([0, tp, tp + 1]), st.just(tp - 1))}
+    cap = draw(st.integers(1, 8))
+    if draw(st.booleans()):
+        method = draw(st.sampled_from(["ngram", "draft_model"]))
+        engine["speculative"] = {"method": method, "numSpeculativeTokens": cap}
+        if mostly(draw, st.just(method == "draft_model"), st.just(method != "draft_model")):
+            engine["speculative"]["draftModel"] = "/models/draft"
+    bounds: dict[str, Any] = {}
+    for name in ("maxNumSeqs", "maxNumBatchedTokens"):
+        low = mostly(draw, st.integers(1, 64), st.just(0))
+        high = low + mostly(draw, st.integers(0, 64), st.just(-1))
+        if draw(st.booleans()):
+            bounds[name] = {"min": low, "max": high}
+        if draw(st.booleans()):
+            engine.setdefault("knobs", {})[name] = max(1, mostly(draw, st.integers(low, max(low, high)),
+                                                                 st.sampled_from([low - 1, high + 1])))
+    if draw(st.booleans()):
+        engine.setdefault("knobs", {})["numSpeculativeTokens"] = mostly(
+            draw, st.integers(0, cap) if "speculative" in engine else st.just(0), st.just(cap + 1))
+    if draw(st.booleans()):
+        bounds["numSpeculativeTokens"] = {"min": 0, "max": mostly(draw, st.integers(0, cap), st.just(cap + 1))}
+    if bounds:
+        spec["autotune"] = {"bounds": bounds}
+    weights = sorted(set(draw(st.lists(st.integers(1, 99), max_size=4))))
+    if weights and draw(st.integers(0, 9)) == 3:
+        weights = [*weights, draw(st.sampled_from([weights[-1], 100]))]
+    triggers = [{**t, "for": draw(st.sampled_from(["1s", "2m", "2m", "2m", "500ms"]))}
+                for t in draw(st.lists(st.sampled_from(TRIGGERS), max_size=2))]
+    spec["rollout"] = {"steps": [{"weight": w} for w in weights], "rollbackOn": triggers}
+    if draw(st.booleans()):
+        spec["rollout"]["httpRoute"] = "route"
+    engine["extraArgs"] = draw(st.lists(st.sampled_from(FLAGS), max_size=1))
+    engine["env"] = [{"name": n, "value": "v"} for n in draw(st.lists(st.sampled_from(ENV_NAMES), max_size=1))]
+    engine["podLabels"] = {k: "v" for k in draw(st.lists(st.sampled_from(LABEL_KEYS), max_size=1))}
+    spec["slo"]["itlP95"] = mostly(draw, st.sampled_from(["50ms", "1.5m", "0.5s"]), st.sampled_from(["0ms", "0s"]))
+    return spec
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs())
+def test_the_api_server_and_the_operator_agree_on_every_generated_spec(spec: dict[str, Any]) -> None:
+    admitted = refusals(spec) == []
+    accepted = isinstance(parse_spec(spec), InferenceServiceSpec)
+    assert admitted == accepted, (refusals(spec), parse_spec(spec))
