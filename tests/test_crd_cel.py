@@ -139,70 +139,102 @@ def test_a_rule_that_cannot_evaluate_refuses_like_the_api_server() -> None:
 
 # --- agreement on generated specs ------------------------------------------------------------------------------
 
-# Each draw is valid most of the time and sits on an edge of a rule some of the time, so that generated specs
-# are both admitted and refused, mostly for one reason.
-FLAGS = ["--max-queue", "--seed", "--enforce-eager", "--max-queue=9"] * 4 + ["--port", "--tensor-parallel-size=2"]
-ENV_NAMES = ["HF_TOKEN", "HTTPS_PROXY", "HF_ENDPOINT", "NCCL_DEBUG"] * 3 + ["GOVERNOR_X", "HOME"]
-LABEL_KEYS = ["team", "example.com/tier", "tier"] * 4 + ["governor.dev/x", "app.kubernetes.io/name", "-bad"]
-TRIGGERS = [{"metric": "ttft_p95", "comparison": "relative", "threshold": 1.5},
-            {"metric": "error_rate", "comparison": "absolute", "threshold": 0.5},
+# A generated spec is valid except, half the time, at the edge of one rule (one edge per spec, so that a rule
+# that is off by one shows as a disagreement instead of hiding behind another refusal).
+FLAGS = ["--max-queue", "--seed", "--enforce-eager", "--max-queue=9"]
+OWNED_FLAGS = ["--port", "--tensor-parallel-size=2", "--admin-token-file"]
+ENV_NAMES = ["HF_TOKEN", "HTTPS_PROXY", "HF_ENDPOINT", "NCCL_DEBUG"]
+LABEL_KEYS = ["team", "example.com/tier", "tier"]
+TRIGGERS = [{"metric": "ttft_p95", "comparison": "relative", "threshold": 1.0},
+            {"metric": "error_rate", "comparison": "absolute", "threshold": 1.0},
             {"metric": "throughput", "comparison": "absolute", "threshold": 1.5},
-            {"metric": "ttft_p95", "comparison": "absolute", "threshold": 0.5}] * 3 + [
-    {"metric": "ttft_p95", "comparison": "relative", "threshold": 0.5},
-    {"metric": "throughput", "comparison": "relative", "threshold": 1.0},
-    {"metric": "throughput", "comparison": "relative", "threshold": 1.5},
-    {"metric": "error_rate", "comparison": "absolute", "threshold": 1.5}]
-
-
-def mostly(draw: st.DrawFn, valid: st.SearchStrategy[Any], edge: st.SearchStrategy[Any]) -> Any:
-    return draw(edge) if draw(st.integers(0, 9)) == 3 else draw(valid)  # not 0: hypothesis favours bounds
+            {"metric": "throughput", "comparison": "relative", "threshold": 1.0}]
+BAD_TRIGGERS = [{"metric": "ttft_p95", "comparison": "relative", "threshold": 0.99},
+                {"metric": "throughput", "comparison": "relative", "threshold": 1.01},
+                {"metric": "error_rate", "comparison": "absolute", "threshold": 1.01}]
+EDGES = ["gpus", "draft", "bound", "bound-floor", "knob-low", "knob-high", "k-knob", "k-bound", "weights", "weight-100",
+         "window", "trigger", "route-throughput", "flag", "env", "label", "slo"]
 
 
 @st.composite
 def specs(draw: st.DrawFn) -> dict[str, Any]:
+    edge = draw(st.one_of(st.none(), st.sampled_from(EDGES)))
     spec = copy.deepcopy(MINIMAL)
     engine = spec["engine"]
     tp = draw(st.integers(1, 4))
     engine["tensorParallelSize"] = tp
-    engine["resources"] = {"gpus": mostly(draw, st.sampled_from([0, tp, tp + 1]), st.just(tp - 1))}
+    engine["resources"] = {"gpus": tp - 1 if edge == "gpus" else draw(st.sampled_from([0, tp, tp + 1]))}
     cap = draw(st.integers(1, 8))
-    if draw(st.booleans()):
+    speculative = edge in ("k-bound",) or draw(st.booleans())
+    if speculative:
         method = draw(st.sampled_from(["ngram", "draft_model"]))
         engine["speculative"] = {"method": method, "numSpeculativeTokens": cap}
-        if mostly(draw, st.just(method == "draft_model"), st.just(method != "draft_model")):
+        if (method == "draft_model") != (edge == "draft"):
             engine["speculative"]["draftModel"] = "/models/draft"
     bounds: dict[str, Any] = {}
+    knobs: dict[str, int] = {}
     for name in ("maxNumSeqs", "maxNumBatchedTokens"):
-        low = mostly(draw, st.integers(1, 64), st.just(0))
-        high = low + mostly(draw, st.integers(0, 64), st.just(-1))
-        if draw(st.booleans()):
+        low = draw(st.integers(1, 64))
+        high = low + draw(st.integers(0, 64))
+        if edge == "bound" and name == "maxNumSeqs":
+            high = low - 1
+        if edge == "bound-floor" and name == "maxNumBatchedTokens":
+            low = 0
+        if draw(st.booleans()) or edge in ("bound", "bound-floor", "knob-low", "knob-high"):
             bounds[name] = {"min": low, "max": high}
-        if draw(st.booleans()):
-            engine.setdefault("knobs", {})[name] = max(1, mostly(draw, st.integers(low, max(low, high)),
-                                                                 st.sampled_from([low - 1, high + 1])))
-    if draw(st.booleans()):
-        engine.setdefault("knobs", {})["numSpeculativeTokens"] = mostly(
-            draw, st.integers(0, cap) if "speculative" in engine else st.just(0), st.just(cap + 1))
-    if draw(st.booleans()):
-        bounds["numSpeculativeTokens"] = {"min": 0, "max": mostly(draw, st.integers(0, cap), st.just(cap + 1))}
+            if edge == "knob-low" and name == "maxNumSeqs" and low > 1:
+                knobs[name] = low - 1
+            elif edge == "knob-high" and name == "maxNumSeqs":
+                knobs[name] = high + 1
+            elif draw(st.booleans()) and edge != "bound":
+                knobs[name] = draw(st.integers(max(1, low), max(1, low, high)))
+        elif draw(st.booleans()):
+            knobs[name] = draw(st.integers(1, 300))
+    if edge == "k-knob":
+        knobs["numSpeculativeTokens"] = cap + 1 if speculative else 1
+    elif draw(st.booleans()):
+        knobs["numSpeculativeTokens"] = draw(st.integers(0, cap)) if speculative else 0
+    k_max = cap + 1 if edge == "k-bound" else draw(st.integers(0, cap))
+    if edge == "k-bound" or (speculative and draw(st.booleans())):
+        bounds["numSpeculativeTokens"] = {"min": 0, "max": k_max}
+        if knobs.get("numSpeculativeTokens", 0) > k_max:
+            knobs["numSpeculativeTokens"] = k_max
+    engine["knobs"] = knobs
     if bounds:
         spec["autotune"] = {"bounds": bounds}
     weights = sorted(set(draw(st.lists(st.integers(1, 99), max_size=4))))
-    if weights and draw(st.integers(0, 9)) == 3:
-        weights = [*weights, draw(st.sampled_from([weights[-1], 100]))]
-    triggers = [{**t, "for": draw(st.sampled_from(["1s", "2m", "2m", "2m", "500ms"]))}
-                for t in draw(st.lists(st.sampled_from(TRIGGERS), max_size=2))]
+    if edge == "weights":
+        weights = [*weights, weights[-1]] if weights else [50, 50]
+    elif edge == "weight-100":
+        weights = [*weights, 100]
+    triggers = [{**t, "for": "1s"} for t in draw(st.lists(st.sampled_from(TRIGGERS), max_size=2))]
+    route = edge == "route-throughput" or draw(st.booleans())
+    if route:
+        triggers = [t for t in triggers if not (t["metric"] == "throughput" and t["comparison"] == "relative")]
+    if edge == "window":
+        triggers.append({**TRIGGERS[0], "for": "999ms"})
+    elif edge == "trigger":
+        triggers.append({**draw(st.sampled_from(BAD_TRIGGERS)), "for": "2m"})
+    elif edge == "route-throughput":
+        triggers.append({**TRIGGERS[3], "for": "2m"})
     spec["rollout"] = {"steps": [{"weight": w} for w in weights], "rollbackOn": triggers}
-    if draw(st.booleans()):
+    if route:
         spec["rollout"]["httpRoute"] = "route"
-    engine["extraArgs"] = draw(st.lists(st.sampled_from(FLAGS), max_size=1))
-    engine["env"] = [{"name": n, "value": "v"} for n in draw(st.lists(st.sampled_from(ENV_NAMES), max_size=1))]
-    engine["podLabels"] = {k: "v" for k in draw(st.lists(st.sampled_from(LABEL_KEYS), max_size=1))}
-    spec["slo"]["itlP95"] = mostly(draw, st.sampled_from(["50ms", "1.5m", "0.5s"]), st.sampled_from(["0ms", "0s"]))
+    engine["extraArgs"] = draw(st.lists(st.sampled_from(FLAGS), max_size=2))
+    if edge == "flag":
+        engine["extraArgs"].append(draw(st.sampled_from(OWNED_FLAGS)))
+    engine["env"] = [{"name": n, "value": "v"} for n in draw(st.lists(st.sampled_from(ENV_NAMES), max_size=2))]
+    if edge == "env":
+        engine["env"].append({"name": draw(st.sampled_from(["GOVERNOR_X", "HOME", "HF_HOME"])), "value": "v"})
+    engine["podLabels"] = {k: "v" for k in draw(st.lists(st.sampled_from(LABEL_KEYS), max_size=2))}
+    if edge == "label":
+        engine["podLabels"][draw(st.sampled_from(["governor.dev/x", "app.kubernetes.io/name", "-bad"]))] = "v"
+    spec["slo"]["itlP95"] = draw(st.sampled_from(["0ms", "0.0s"])) if edge == "slo" else \
+        draw(st.sampled_from(["1ms", "1.5m", "0.5s"]))
     return spec
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(specs())
 def test_the_api_server_and_the_operator_agree_on_every_generated_spec(spec: dict[str, Any]) -> None:
     admitted = refusals(spec) == []
