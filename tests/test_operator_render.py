@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from governor import contract
 from governor.engine.cli import build_parser
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.api import OPERATOR_FLAGS, InferenceServiceSpec, parse_spec
 from governor.operator.render import (
     LABEL_REVISION,
     LABEL_SERVICE,
@@ -21,7 +25,9 @@ from governor.operator.render import (
     revision_hash,
     starting_knobs,
 )
+from tests.pod_security import restricted_violations
 
+ROOT = Path(__file__).resolve().parents[1]
 NAME, NAMESPACE, UID = "chat", "ml", "0b6f1c9e-7d1a-4c1e-9a53-6a1f2d1f7e00"
 
 MINIMAL: dict[str, Any] = {
@@ -152,6 +158,24 @@ def test_every_rendered_flag_parses_with_the_engine_serve_parser() -> None:
     assert ns.device is None  # on GPU the engine picks the device itself
 
 
+def test_the_operator_s_flags_are_exactly_those_extra_args_may_not_set() -> None:
+    """Every flag the operator renders is refused in extraArgs, and every refused flag is a real serve flag (or
+    --model, which vLLM users reach for)."""
+    raw = with_model(uri="pvc://models/llama-8b", servedName="llama")
+    raw["engine"].update(resources={"gpus": 0}, maxModelLen=2048, tensorParallelSize=1,
+                         speculative={"method": "ngram", "numSpeculativeTokens": 4})
+    rendered = {a.split("=", 1)[0] for a in engine_of(children(spec_of(raw)))["args"] if a.startswith("--")}
+    assert rendered <= set(OPERATOR_FLAGS)
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    serve_flags = {o for a in commands.choices["serve"]._actions for o in a.option_strings}
+    assert set(OPERATOR_FLAGS) - serve_flags == {"--model"}
+
+
+def test_the_engine_refuses_abbreviated_flags() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "/m", "--tensor-parallel", "2"])
+
+
 def test_cpu_service_pins_the_engine_to_cpu_and_asks_for_no_gpu() -> None:
     objs = children(spec_of(MINIMAL, resources={"gpus": 0, "memory": "8Gi", "cpu": 4}))
     assert serve_args(objs).device == "cpu"
@@ -209,6 +233,9 @@ def test_changing_knobs_changes_neither_revision_nor_deployment() -> None:
     {"model": {"uri": "/models/llama", "revision": "v2"}},
     {"engine": {"image": "ghcr.io/example/governor:0.1.0", "kvCacheDtype": "fp8"}},
     {"autotune": {"bounds": {"maxNumSeqs": {"min": 1, "max": 512}}}},
+    {"engine": {"image": "ghcr.io/example/governor:0.1.0", "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}},
+    {"engine": {"image": "ghcr.io/example/governor:0.1.0", "podLabels": {"team": "a"}}},
+    {"model": {"uri": "/models/llama", "cache": {"size": "10Gi"}}},
 ])
 def test_pod_template_changes_change_the_revision_and_deployment_name(change: dict[str, Any]) -> None:
     before = spec_of(MINIMAL)
@@ -452,3 +479,124 @@ def test_only_objects_the_service_controls_are_applied_over() -> None:
     with pytest.raises(NameConflict, match=r"controlled by InferenceService/other"):
         check_controller("Secret", {"metadata": {"ownerReferences": [ref("other", "u-3")]}}, desired,
                          uncontrolled_ok=True)
+
+
+# --- security posture and pod settings ---------------------------------------------------------------------------
+
+FULL_EXAMPLE = yaml.safe_load((ROOT / "examples" / "inferenceservice-full.yaml").read_text())["spec"]
+POD_SHAPES: dict[str, dict[str, Any]] = {
+    "minimal (mounted path)": MINIMAL,
+    "hf model and hf draft": with_model(uri="hf://meta-llama/Llama-3.1-8B"),
+    "pvc model": with_model(uri="pvc://weights/llama"),
+    "CPU": MINIMAL,
+    "tensor parallel": MINIMAL,
+    "the full example": FULL_EXAMPLE,
+}
+POD_ENGINE: dict[str, dict[str, Any]] = {
+    "hf model and hf draft": {"speculative": {"method": "draft_model", "draftModel": "hf://meta-llama/Llama-3.2-1B",
+                                              "numSpeculativeTokens": 3}},
+    "CPU": {"resources": {"gpus": 0}},
+    "tensor parallel": {"tensorParallelSize": 2, "resources": {"gpus": 2}},
+}
+
+
+def shape(name: str) -> dict[str, dict[str, Any]]:
+    return children(spec_of(POD_SHAPES[name], **POD_ENGINE.get(name, {})))
+
+
+@pytest.mark.parametrize("name", list(POD_SHAPES))
+def test_engine_pods_pass_the_restricted_pod_security_profile(name: str) -> None:
+    template = shape(name)["Deployment"]["spec"]["template"]
+    assert restricted_violations(template) == []
+
+
+@pytest.mark.parametrize("name", list(POD_SHAPES))
+def test_rendered_objects_validate_against_the_kubernetes_schemas(name: str) -> None:
+    for obj in render(NAME, NAMESPACE, UID, 3, spec_of(POD_SHAPES[name], **POD_ENGINE.get(name, {})), None,
+                      pod_monitor=False):
+        kubernetes_validate.validate(obj, "1.32.0", strict=True)
+
+
+@pytest.mark.parametrize("name", list(POD_SHAPES))
+def test_engine_pods_are_never_best_effort(name: str) -> None:
+    pod = pod_of(shape(name))
+    for container in [*pod["containers"], *pod.get("initContainers", [])]:
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"]), container["name"]
+
+
+@pytest.mark.parametrize("name", list(POD_SHAPES))
+def test_the_root_filesystem_is_read_only_and_every_writer_points_into_tmp(name: str) -> None:
+    pod = pod_of(shape(name))
+    assert pod["automountServiceAccountToken"] is False
+    assert next(v for v in pod["volumes"] if v["name"] == "tmp") == {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}
+    for container in [*pod["containers"], *pod.get("initContainers", [])]:
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}}
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        for var in ("HOME", "HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+            assert env[var].startswith("/tmp"), (container["name"], var)
+
+
+def test_the_pod_runs_as_the_engine_image_s_user() -> None:
+    dockerfile = (ROOT / "docker" / "engine.Dockerfile").read_text()
+    assert "USER 10001:10001" in dockerfile
+    assert pod_of(shape("minimal (mounted path)"))["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+        "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_resources_given_in_the_spec_replace_the_default_requests() -> None:
+    given = engine_of(children(spec_of(MINIMAL, resources={"gpus": 1, "cpu": "12", "memory": "96Gi"})))
+    assert given["resources"] == {"requests": {"cpu": "12", "memory": "96Gi"},
+                                  "limits": {"nvidia.com/gpu": "1", "memory": "96Gi"}}
+
+
+def test_pod_settings_of_the_full_example_reach_the_pod() -> None:
+    objs = children(spec_of(FULL_EXAMPLE))
+    pod, container = pod_of(objs), engine_of(objs)
+    (fetch,) = pod["initContainers"]
+    hf_token = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
+    proxy = [{"configMapRef": {"name": "llm-proxy-settings", "optional": True}}]
+    for c in (container, fetch):  # the download needs the token as much as the engine
+        assert hf_token in c["env"] and c["envFrom"] == proxy
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert (pod["serviceAccountName"], pod["priorityClassName"], pod["runtimeClassName"]) == (
+        "llm-engine", "llm-serving", "nvidia")
+    assert pod["affinity"] == {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["70000"]}]}]}}}
+    assert pod["topologySpreadConstraints"] == [{
+        "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {LABEL_SERVICE: "chat"}}}]  # this service's pods by default
+    template = objs["Deployment"]["spec"]["template"]["metadata"]
+    assert template["labels"]["team"] == "llm-platform" and template["labels"][LABEL_SERVICE] == "chat"
+    assert template["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert template["annotations"]["prometheus.io/scrape"] == "true"
+    assert volumes_of(objs)["model-cache"]["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+
+
+def test_a_topology_constraint_keeps_the_selector_it_was_given() -> None:
+    given = {"matchLabels": {"tier": "gpu"}}
+    pod = pod_of(children(spec_of(MINIMAL, topologySpreadConstraints=[
+        {"maxSkew": 2, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+         "labelSelector": given}])))
+    assert pod["topologySpreadConstraints"][0]["labelSelector"] == given
+
+
+@pytest.mark.parametrize(("replicas", "disruption", "budget"), [
+    (1, {}, None),  # a budget over one pod would block every node drain
+    (2, {}, {"maxUnavailable": 1}),
+    (3, {"minAvailable": "50%"}, {"minAvailable": "50%"}),
+    (4, {"maxUnavailable": 2}, {"maxUnavailable": 2}),
+])
+def test_a_disruption_budget_covers_the_service_s_pods_while_replicas_exceed_one(
+        replicas: int, disruption: dict[str, Any], budget: dict[str, Any] | None) -> None:
+    objs = children(spec_of({**MINIMAL, "replicas": replicas, "disruption": disruption}))
+    if budget is None:
+        assert "PodDisruptionBudget" not in objs
+        return
+    pdb = objs["PodDisruptionBudget"]
+    assert (pdb["apiVersion"], pdb["metadata"]["name"]) == ("policy/v1", NAME)
+    assert pdb["spec"] == {"selector": {"matchLabels": {LABEL_SERVICE: NAME}}, **budget}
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == UID

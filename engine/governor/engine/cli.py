@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="governor")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sv = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API")
+    # No abbreviations: `--tensor-parallel 2` must not pass for --tensor-parallel-size, so that what the operator
+    # refuses in extraArgs (flags it sets itself) is exactly the flag or `flag=value`.
+    sv = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API", allow_abbrev=False)
     sv.add_argument("model", help="local Hugging Face checkpoint directory")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
