@@ -177,6 +177,15 @@ def test_updates_follow_and_drift_is_corrected_and_a_restart_writes_nothing(clus
     wait_for(lambda: (get(cluster, path) or {}).get("spec", {}).get("replicas") == 3, 30, operator.log,
              "manual drift was not corrected")
 
+    # Scaled to one pod (as `kubectl scale` through the scale subresource writes spec.replicas): the disruption
+    # budget goes, since over a single pod it would block every node drain.
+    assert "PodDisruptionBudget/chat" in children(cluster)
+    r = httpx.patch(cluster.url + f"{IS_PATH}/chat", json={"spec": {"replicas": 1}}, headers=merge, timeout=5)
+    assert r.status_code == 200, r.text
+    wait_for(lambda: "PodDisruptionBudget/chat" not in children(cluster)
+             and (get(cluster, path) or {}).get("spec", {}).get("replicas") == 1, 30, operator.log,
+             "the budget stayed after scaling to one pod")
+
     # Settled: the periodic passes (every 2 s) write nothing, not even an unchanged status.
     service_path = f"{IS_PATH}/chat"
     time.sleep(3)
