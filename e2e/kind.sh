@@ -122,7 +122,8 @@ create_namespace() {  # prints 1 when it created the namespace, 0 when it was th
 
 log "CRD $CRD"
 kubectl get crd "$CRD" >/dev/null 2>&1 || created_crd=1
-# Server-side: client-side apply keeps the whole CRD in an annotation, which large CRDs overflow (256 KiB).
+# Server-side: the same field manager Helm and GitOps tools use for CRDs, and no last-applied annotation holding
+# a copy of the whole CRD (which only grows as the API does; annotations are capped at 256 KiB).
 kubectl apply --server-side --field-manager=governor-e2e -f crds/
 kubectl wait --for=condition=Established "crd/$CRD" --timeout=60s
 

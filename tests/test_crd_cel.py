@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from governor.operator.api import InferenceServiceSpec, parse_spec
 from governor.operator.crds import FILENAME, crd_manifest
-from tests.crd_admission import admit
+from tests.crd_admission import admit, rule_failures
 from tests.test_operator_api import FULL, MINIMAL, SEMANTIC_CASES, with_changes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,7 +115,68 @@ TYPE_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         {"engine.envFrom": [{"prefix": "X_"}]}, "spec.engine.envFrom[0]", "envFrom takes exactly one of"),
     "disruption with both fields": (
         {"disruption": {"maxUnavailable": 1, "minAvailable": 1}}, "spec.disruption", "not both"),
+    "a budget that never allows an eviction": (
+        {"disruption": {"maxUnavailable": 0}}, "spec.disruption", "maxUnavailable 0 would block every node drain"),
+    "a budget of 0%": (
+        {"disruption": {"maxUnavailable": "0%"}}, "spec.disruption", "maxUnavailable 0 would block every node drain"),
+    "a budget keeping every pod": (
+        {"disruption": {"minAvailable": "100%"}}, "spec.disruption", "minAvailable 100% would block every node"),
+    "node affinity In without values": (
+        {"engine.affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}},
+        "spec.engine.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+        ".matchExpressions[0]", "need values"),
+    "node affinity Gt with a word": (
+        {"engine.affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 1, "preference": {"matchExpressions": [{"key": "mem", "operator": "Gt",
+                                                              "values": ["lots"]}]}}]}}},
+        "spec.engine.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference"
+        ".matchExpressions[0]", "exactly one integer"),
+    "pod anti-affinity Exists with values": (
+        {"engine.affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["x"]}]}}]}}},
+        "spec.engine.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector"
+        ".matchExpressions[0]", "take no values"),
+    "minDomains with ScheduleAnyway": (
+        {"engine.topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "minDomains": 2,
+                                               "whenUnsatisfiable": "ScheduleAnyway"}]},
+        "spec.engine.topologySpreadConstraints[0]", "minDomains needs whenUnsatisfiable DoNotSchedule"),
+    "matchLabelKeys repeating the default selector's key": (
+        {"engine.topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable":
+                                               "DoNotSchedule", "matchLabelKeys": ["governor.dev/service"]}]},
+        "spec.engine.topologySpreadConstraints[0]", "must not be in labelSelector"),
+    "matchLabelKeys repeating a selector key": (
+        {"engine.topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable":
+                                               "DoNotSchedule", "matchLabelKeys": ["tier"],
+                                               "labelSelector": {"matchExpressions": [
+                                                   {"key": "tier", "operator": "Exists"}]}}]},
+        "spec.engine.topologySpreadConstraints[0]", "must not be in labelSelector"),
+    "a label selector with an invalid key": (
+        {"engine.affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "zone", "labelSelector": {"matchLabels": {"bad key": "x"}}}]}}},
+        "spec.engine.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector",
+        "matchLabels keys must be valid label keys"),
 }
+
+
+# Values the schema itself refuses (a pattern), before any rule.
+SCHEMA_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "a budget above 100%": ({"disruption": {"maxUnavailable": "150%"}}, "spec.disruption.maxUnavailable"),
+    "an env var from a field the downward API does not serve": (
+        {"engine.env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]},
+        "spec.engine.env[0].valueFrom.fieldRef.fieldPath"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEMA_CASES))
+def test_values_the_schema_refuses_are_refused_by_the_operator_too(case: str) -> None:
+    changes, path = SCHEMA_CASES[case]
+    raw = with_changes(MINIMAL, **changes)
+    errors = refusals(raw)
+    assert len(errors) == 1 and path.removeprefix("spec") in errors[0] and "should match" in errors[0], errors
+    parsed = parse_spec(raw)
+    assert isinstance(parsed, list) and [e.path for e in parsed] == [path], parsed
 
 
 @pytest.mark.parametrize("case", list(TYPE_CASES))
@@ -125,14 +186,23 @@ def test_embedded_kubernetes_types_are_checked_by_rule_and_by_the_operator(case:
     errors = refusals(raw)
     assert len(errors) == 1 and message in errors[0], errors
     parsed = parse_spec(raw)
-    assert isinstance(parsed, list) and [e.path for e in parsed] == [path]
+    assert isinstance(parsed, list) and [e.path for e in parsed] == [path], parsed
     assert message in parsed[0].message
 
 
 def test_a_rule_that_cannot_evaluate_refuses_like_the_api_server() -> None:
-    """A rule reading a field that is absent errs; the API server then refuses the object rather than skip."""
+    """A rule reading a field that is absent errs; the API server then refuses the object rather than skip it."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}},
+              "x-kubernetes-validations": [{"rule": "self.a > 0", "message": "a must be positive"}]}
+    assert rule_failures({"a": 1}, schema) == []
+    assert rule_failures({"a": 0}, schema) == [(".", "a must be positive")]
+    assert rule_failures({}, schema) == [(".", "a must be positive")]
+
+
+def test_the_route_rule_guards_an_absent_rollback_list() -> None:
+    """With httpRoute and no rollbackOn the throughput rule has nothing to read: it must pass, not err."""
     raw = with_changes(MINIMAL, **{"rollout.httpRoute": "route"})
-    assert refusals(raw) == []  # the rule guards rollbackOn with has(): absent is fine
+    assert refusals(raw) == []
     assert refusals(with_changes(raw, **{"rollout.rollbackOn": [{"metric": "throughput", "threshold": 0.8,
                                                                  "comparison": "absolute"}]})) == []
 

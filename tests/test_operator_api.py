@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from governor.cli import main as governor_main
 from governor.operator import api
 from governor.operator.api import FieldError, InferenceServiceSpec, duration_seconds, parse_model_uri, parse_spec
 from governor.operator.crds import FILENAME, crd_manifest, render
+from tests.crd_admission import apply_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,8 +193,6 @@ def test_the_uri_pattern_accepts_exactly_what_the_parser_does(path: str, uri: An
 @pytest.mark.parametrize("uri", ["/m", "/models/llama 3", "pvc://c", "pvc://c.d-e/x/y", "pvc://C/x", "hf://a/b",
                                  "hf://a/b@v1.0/x", "hf://a", "s3://b/k", "//", "pvc://c/x y"])
 def test_model_uri_pattern_and_parser_agree(uri: str) -> None:
-    import re
-
     try:
         parse_model_uri(uri)
         parsed = True
@@ -453,26 +453,13 @@ def test_crd_keeps_validation_and_defaults() -> None:
     assert "type" in conditions["items"]["required"]  # a list-map key must be required
 
 
-def _apply_defaults(schema: dict[str, Any], value: Any) -> Any:
-    """Kubernetes-style structural defaulting: fill missing properties of objects that are present."""
-    if isinstance(value, dict) and "properties" in schema:
-        for name, prop in schema["properties"].items():
-            if name not in value and "default" in prop:
-                value[name] = copy.deepcopy(prop["default"])
-            if name in value:
-                value[name] = _apply_defaults(prop, value[name])
-    elif isinstance(value, list) and "items" in schema:
-        value = [_apply_defaults(schema["items"], v) for v in value]
-    return value
-
-
 def test_crd_defaults_agree_with_the_models() -> None:
     spec_schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    minimal = _apply_defaults(spec_schema, copy.deepcopy(MINIMAL))
+    minimal = apply_defaults(spec_schema, copy.deepcopy(MINIMAL))
     assert minimal["replicas"] == 1 and minimal["autotune"]["interval"] == "15s"
     assert minimal["rollout"]["steps"][1] == {"weight": 50, "pause": "2m"}
     for raw in (MINIMAL, FULL):
-        assert spec_of(_apply_defaults(spec_schema, copy.deepcopy(raw))) == spec_of(raw)
+        assert spec_of(apply_defaults(spec_schema, copy.deepcopy(raw))) == spec_of(raw)
 
 
 def test_crd_shape() -> None:

@@ -178,7 +178,7 @@ def test_updates_follow_and_drift_is_corrected_and_a_restart_writes_nothing(clus
              "manual drift was not corrected")
 
     # Scaled to one pod (as `kubectl scale` through the scale subresource writes spec.replicas): the disruption
-    # budget goes, since over a single pod it would block every node drain.
+    # budget goes: over one pod it would either protect nothing or block node drains for good.
     assert "PodDisruptionBudget/chat" in children(cluster)
     r = httpx.patch(cluster.url + f"{IS_PATH}/chat", json={"spec": {"replicas": 1}}, headers=merge, timeout=5)
     assert r.status_code == 200, r.text

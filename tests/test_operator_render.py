@@ -159,13 +159,16 @@ def test_every_rendered_flag_parses_with_the_engine_serve_parser() -> None:
 
 
 def test_the_operator_s_flags_are_exactly_those_extra_args_may_not_set() -> None:
-    """Every flag the operator renders is refused in extraArgs, and every refused flag is a real serve flag (or
-    --model, which vLLM users reach for)."""
-    raw = with_model(uri="pvc://models/llama-8b", servedName="llama")
-    raw["engine"].update(resources={"gpus": 0}, maxModelLen=2048, tensorParallelSize=1,
-                         speculative={"method": "ngram", "numSpeculativeTokens": 4})
-    rendered = {a.split("=", 1)[0] for a in engine_of(children(spec_of(raw)))["args"] if a.startswith("--")}
-    assert rendered <= set(OPERATOR_FLAGS)
+    """Every flag the operator renders, over specs that between them render each one, is refused in extraArgs;
+    every refused flag is rendered, or stands for what the operator sets another way (--model: the positional
+    model argument; --namespace: GOVERNOR_NAMESPACE); all but --model are serve flags."""
+    rendered: set[str] = set()
+    for engine in ({"resources": {"gpus": 0}, "maxModelLen": 2048, "prefixCaching": False,
+                    "speculative": {"method": "ngram", "numSpeculativeTokens": 4}}, {}):
+        raw = with_model(uri="pvc://models/llama-8b", servedName="llama")
+        raw["engine"].update(engine)
+        rendered |= {a.split("=", 1)[0] for a in engine_of(children(spec_of(raw)))["args"] if a.startswith("--")}
+    assert rendered == set(OPERATOR_FLAGS) - {"--model", "--namespace"}
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     serve_flags = {o for a in commands.choices["serve"]._actions for o in a.option_strings}
     assert set(OPERATOR_FLAGS) - serve_flags == {"--model"}
@@ -244,6 +247,12 @@ def test_pod_template_changes_change_the_revision_and_deployment_name(change: di
     assert children(before)["Deployment"]["metadata"]["name"] != children(after)["Deployment"]["metadata"]["name"]
 
 
+def test_fields_written_out_at_their_defaults_keep_the_revision() -> None:
+    explicit = spec_of(MINIMAL, dtype="auto", kvCacheDtype="auto", prefixCaching=True, tensorParallelSize=1,
+                       resources={"gpus": 1}, env=[], extraArgs=[], podLabels={}, affinity=None)
+    assert revision_hash(explicit) == revision_hash(spec_of(MINIMAL))
+
+
 def test_revision_hash_is_ten_hex_digits_and_ignores_replicas_slo_and_rollout() -> None:
     base = revision_hash(spec_of(MINIMAL))
     assert re.fullmatch(r"[0-9a-f]{10}", base)
@@ -310,28 +319,30 @@ def test_pvc_draft_model_on_the_same_claim_shares_its_volume() -> None:
 def test_hf_model_is_downloaded_by_an_init_container_into_the_model_cache() -> None:
     objs = children(spec_of(with_model(uri="hf://meta-llama/Llama-3.1-8B@main")))
     pod = pod_of(objs)
-    assert volumes_of(objs) == {"model-cache": {"name": "model-cache", "emptyDir": {"sizeLimit": "19Gi"}}}
+    assert volumes_of(objs) == {"model-cache": {"name": "model-cache", "emptyDir": {"sizeLimit": "34Gi"}}}
     (init,) = pod["initContainers"]
     assert init["image"] == "ghcr.io/example/governor:0.1.0"
     assert init["command"][:2] == ["python", "-c"]
     assert "snapshot_download" in init["command"][2] and "allow_patterns" in init["command"][2]
     assert init["command"][3:6] == ["meta-llama/Llama-3.1-8B", "main", "/models/hf/meta-llama/Llama-3.1-8B"]
     assert json.loads(init["command"][6]) == ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    assert json.loads(init["command"][7]) == ["consolidated*", "original/*"]  # the same weights in other layouts
     assert model_mounts(init) == [{"name": "model-cache", "mountPath": "/models/hf"}]
     assert model_mounts(engine_of(objs)) == [{"name": "model-cache", "mountPath": "/models/hf", "readOnly": True}]
     assert serve_args(objs).model == "/models/hf/meta-llama/Llama-3.1-8B"
 
 
 @pytest.mark.parametrize(("repos", "size"), [
-    (["meta-llama/Llama-3.1-8B-Instruct"], "19Gi"),  # 8e9 × 2.5 B = 18.6 GiB
-    (["Qwen/Qwen2.5-0.5B-Instruct"], "2Gi"),
-    (["mistralai/Mixtral-8x7B-v0.1"], "131Gi"),  # 8 experts × 7B
+    (["meta-llama/Llama-3.1-8B-Instruct"], "34Gi"),  # 8e9 × 4.5 B = 33.5 GiB
+    (["Qwen/Qwen2.5-0.5B-Instruct"], "3Gi"),
+    (["mistralai/Mixtral-8x7B-v0.1"], "235Gi"),  # 8 experts × 7B, counted as full models
+    (["meta-llama/Llama-4-Scout-17B-16E-Instruct"], "1140Gi"),  # 16 experts × 17B: too large is harmless
     (["HuggingFaceTB/SmolLM2-135M"], "1Gi"),
-    (["Qwen/Qwen3-30B-A3B"], "70Gi"),  # the total, not the active 3B
-    (["openai-community/gpt2"], "100Gi"),  # no size in the name
-    (["meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.2-1B"], "166Gi"),  # target and draft share the volume
+    (["Qwen/Qwen3-30B-A3B"], "126Gi"),  # the total, not the active 3B
+    (["openai-community/gpt2"], None),  # no size in the name: no limit rather than a guess
+    (["meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.2-1B"], "299Gi"),  # target and draft share the volume
 ])
-def test_model_cache_size_is_derived_from_the_repository_names(repos: list[str], size: str) -> None:
+def test_model_cache_size_is_derived_from_the_repository_names(repos: list[str], size: str | None) -> None:
     assert cache_size(repos) == size
 
 
@@ -339,8 +350,13 @@ def test_draft_model_download_is_counted_in_the_cache_size() -> None:
     objs = children(spec_of(with_model(uri="hf://meta-llama/Llama-3.1-70B"),
                             speculative={"method": "draft_model", "draftModel": "hf://meta-llama/Llama-3.2-1B",
                                          "numSpeculativeTokens": 3}))
-    assert volumes_of(objs)["model-cache"]["emptyDir"] == {"sizeLimit": "166Gi"}
+    assert volumes_of(objs)["model-cache"]["emptyDir"] == {"sizeLimit": "299Gi"}
     assert [c["name"] for c in pod_of(objs)["initContainers"]] == ["fetch-model", "fetch-draft-model"]
+
+
+def test_a_model_whose_name_states_no_size_gets_an_unlimited_cache() -> None:
+    objs = children(spec_of(with_model(uri="hf://openai-community/gpt2")))
+    assert volumes_of(objs)["model-cache"] == {"name": "model-cache", "emptyDir": {}}
 
 
 def test_model_cache_size_from_the_spec_overrides_the_derived_one() -> None:
@@ -585,7 +601,7 @@ def test_a_topology_constraint_keeps_the_selector_it_was_given() -> None:
 
 
 @pytest.mark.parametrize(("replicas", "disruption", "budget"), [
-    (1, {}, None),  # a budget over one pod would block every node drain
+    (1, {}, None),  # over one pod a budget protects nothing (maxUnavailable 1) or blocks drains for good
     (2, {}, {"maxUnavailable": 1}),
     (3, {"minAvailable": "50%"}, {"minAvailable": "50%"}),
     (4, {"maxUnavailable": 2}, {"maxUnavailable": 2}),

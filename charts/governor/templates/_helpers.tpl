@@ -27,48 +27,50 @@ Literal on purpose: tests read them as plain YAML. kopf runs --standalone (no ko
 with resource scanning off (API discovery only), so nothing on CustomResourceDefinitions or Namespaces.
 */}}
 {{- define "governor.operatorRules" -}}
+# Exactly the verbs the operator's calls use: children are read, listed (by label), created, patched and
+# deleted, never replaced or watched; only InferenceServices are watched (kopf).
 rules:
-  # The InferenceServices themselves; status is written by the operator and the tuner.
+  # The InferenceServices themselves (kopf patches its finalizer and progress); status is written by the
+  # operator and the tuner.
   - apiGroups: ["governor.dev"]
     resources: ["inferenceservices"]
-    verbs: ["get", "list", "watch", "patch", "update"]
+    verbs: ["get", "list", "watch", "patch"]
   - apiGroups: ["governor.dev"]
     resources: ["inferenceservices/status"]
-    verbs: ["get", "patch", "update"]
-  # Children: stable and canary Deployments, the Service, the engine ConfigMap, the PodDisruptionBudget.
+    verbs: ["patch"]
+  # Children: stable and canary Deployments, the Services, the engine ConfigMaps.
   - apiGroups: ["apps"]
     resources: ["deployments"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch", "delete"]
   - apiGroups: [""]
     resources: ["services", "configmaps"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch", "delete"]
+  # The PodDisruptionBudget, addressed by name.
   - apiGroups: ["policy"]
     resources: ["poddisruptionbudgets"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "create", "patch", "delete"]
   # The engines' admin-token Secret, only ever addressed by name: created once, read back, deleted with the
   # service. No list or watch: those would expose every Secret's data in the namespace.
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["get", "create", "delete"]
-  # The tuner reaches each ready engine pod of a service's stable revision at its admin API (pod IP).
+  # The tuner lists the ready engine pods of a service's stable revision to reach their admin API (pod IP).
   - apiGroups: [""]
     resources: ["pods"]
-    verbs: ["get", "list"]
+    verbs: ["list"]
   # Canary weights on the HTTPRoute a service names (spec.rollout.httpRoute); the route stays the user's.
   - apiGroups: ["gateway.networking.k8s.io"]
     resources: ["httproutes"]
     verbs: ["get", "patch"]
-  # Events with stable reasons (kopf posts core/v1 events; events.k8s.io for newer clients).
+  # Events with stable reasons (kopf posts core/v1 events).
   - apiGroups: [""]
     resources: ["events"]
-    verbs: ["create", "patch"]
-  - apiGroups: ["events.k8s.io"]
-    resources: ["events"]
-    verbs: ["create", "patch"]
-  # One PodMonitor per service when the Prometheus Operator is installed (GOVERNOR_POD_MONITOR).
+    verbs: ["create"]
+  # One PodMonitor per service when the Prometheus Operator is installed (GOVERNOR_POD_MONITOR); the list is
+  # how the operator learns whether that API is served; the garbage collector deletes them with the service.
   - apiGroups: ["monitoring.coreos.com"]
     resources: ["podmonitors"]
-    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+    verbs: ["get", "list", "create", "patch"]
 {{- end -}}
 
 {{/* "true" when the chart renders its PodMonitor (podMonitor.enabled: auto, true or false), else empty. */}}

@@ -25,6 +25,8 @@ from pydantic.alias_generators import to_camel
 
 from governor import contract
 from governor.operator.kube_types import (
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
     QUANTITY_PATTERN,
     Affinity,
     EnvFromSource,
@@ -35,6 +37,7 @@ from governor.operator.kube_types import (
     ObjectName,
     Quantity,
     TopologySpreadConstraint,
+    cel,
 )
 from governor.tuner.signals import SLO
 
@@ -101,20 +104,14 @@ def parse_model_uri(uri: str) -> ModelURI:
 # --- spec -------------------------------------------------------------------------------------------
 
 
-def cel(*rules: tuple[str, str]) -> dict[str, Any]:
-    """`x-kubernetes-validations` (CEL rules the API server evaluates on `kubectl apply`) as JSON Schema extra:
-    (rule, message) pairs. Each rule restates a `validate_spec` check, which stays as the second line of defence
-    (the operator also reads objects stored before a rule existed)."""
-    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
-
-
 def _cel_list(items: tuple[str, ...] | list[str]) -> str:
     return "[" + ", ".join(f"'{item}'" for item in items) + "]"
 
 
-# `governor serve` flags the operator sets itself (from the spec field named, or for its own reasons): in
-# extraArgs they would override it, since a later flag wins. The engine's parser takes no abbreviations, so
-# the exact flag (or `flag=value`) is all there is to refuse.
+# `governor serve` flags the operator sets itself (from the spec field named, or for its own reasons), and
+# --model (the model is the positional argument the operator sets; vLLM users reach for the flag): in extraArgs
+# they would override it, since a later flag wins. The engine's parser takes no abbreviations, so the exact
+# flag (or `flag=value`) is all there is to refuse.
 OPERATOR_FLAGS: dict[str, str] = {
     "--model": "spec.model.uri",
     "--served-model-name": "spec.model.servedName",
@@ -122,7 +119,7 @@ OPERATOR_FLAGS: dict[str, str] = {
     "--port": "the operator (the pod serves on 0.0.0.0:8000, which the Service and probes use)",
     "--admin-token-file": "the operator (the service's admin-token Secret, mounted as a file)",
     "--revision": "the operator (the revision hash on every metric)",
-    "--namespace": "the operator (the pod's namespace on every metric)",
+    "--namespace": "the operator (the pod's namespace on every metric, through GOVERNOR_NAMESPACE)",
     "--drain-grace-s": "the operator (it matches the pod's termination grace period)",
     "--dtype": "spec.engine.dtype",
     "--kv-cache-dtype": "spec.engine.kvCacheDtype",
@@ -132,33 +129,35 @@ OPERATOR_FLAGS: dict[str, str] = {
     "--device": "spec.engine.resources.gpus",
     "--max-model-len": "spec.engine.maxModelLen",
     "--speculative-config": "spec.engine.speculative",
-    "--max-num-seqs": "spec.engine.knobs.maxNumSeqs",
-    "--max-num-seqs-cap": "spec.autotune.bounds.maxNumSeqs.max",
-    "--max-num-batched-tokens": "spec.engine.knobs.maxNumBatchedTokens",
-    "--max-num-batched-tokens-cap": "spec.autotune.bounds.maxNumBatchedTokens.max",
-    "--num-speculative-tokens": "spec.engine.knobs.numSpeculativeTokens",
+    # Each knob's starting value, and the hard cap of those with one (K's is speculative.numSpeculativeTokens).
+    **{"--" + knob.replace("_", "-"): f"spec.engine.knobs.{to_camel(knob)}" for knob in contract.KNOB_NAMES},
+    **{"--" + knob.replace("_", "-") + "-cap": f"spec.autotune.bounds.{to_camel(knob)}.max"
+       for knob in contract.KNOB_NAMES if knob != "num_speculative_tokens"},
 }
 _FLAGS = _cel_list(list(OPERATOR_FLAGS))
 
-# Env vars the operator sets on the engine container (and the model download); `GOVERNOR_` is its prefix.
+# Env vars the operator sets on every container of an engine pod: `GOVERNOR_*`, and the locations that write,
+# all inside the /tmp emptyDir (the root filesystem is read-only).
 OPERATOR_ENV_PREFIX = "GOVERNOR_"
-OPERATOR_ENV = ("HOME", "HF_HOME", "XDG_CACHE_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+TMP_DIR = "/tmp"
+WRITABLE_ENV = {"HOME": TMP_DIR, "HF_HOME": f"{TMP_DIR}/hf", "XDG_CACHE_HOME": f"{TMP_DIR}/cache",
+                "TRITON_CACHE_DIR": f"{TMP_DIR}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{TMP_DIR}/inductor"}
+OPERATOR_ENV = tuple(WRITABLE_ENV)
 # Pod labels the selectors rely on, and the prefix of the operator's own labels and annotations.
 OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
                    "app.kubernetes.io/component")
 OPERATOR_KEY_PREFIX = "governor.dev/"
 OPERATOR_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
 
-LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-LABEL_VALUE_PATTERN = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 
 
 class ModelCache(Kube):
     """Where hf:// downloads go: an emptyDir (fresh each pod start) or a PersistentVolumeClaim (kept)."""
 
     size: Quantity | None = Field(default=None, description=(
-        "Space for the checkpoint and the draft model: the emptyDir's sizeLimit. Default: 2.5 bytes per "
-        "parameter read from the repository name ('Llama-3.1-8B' → 19Gi, 'Mixtral-8x7B' → 131Gi), else 100Gi."))
+        "Space for the checkpoint and the draft model: the emptyDir's sizeLimit (past it the kubelet evicts the "
+        "pod). Default: 4.5 bytes per parameter the repository names state ('Llama-3.1-8B' → 34Gi, "
+        "'Mixtral-8x7B' → 235Gi), no limit when a name states none."))
     claim_name: ObjectName | None = Field(default=None, description=(
         "An existing PersistentVolumeClaim (same namespace) to download into instead: files already there are "
         "not fetched again when a pod restarts. Pods on several nodes need it ReadWriteMany."))
@@ -451,10 +450,16 @@ class RolloutSpec(Kube):
 
 
 class DisruptionSpec(Kube):
-    """The PodDisruptionBudget of the stable revision's pods, made when spec.replicas > 1."""
+    """The PodDisruptionBudget over the service's pods (every revision), kept while spec.replicas > 1. Budgets that
+    would never allow an eviction (maxUnavailable 0, minAvailable 100%) are refused: they block node drains."""
 
     model_config = ConfigDict(json_schema_extra=cel(
-        ("!(has(self.maxUnavailable) && has(self.minAvailable))", "give maxUnavailable or minAvailable, not both")))
+        ("!(has(self.maxUnavailable) && has(self.minAvailable))", "give maxUnavailable or minAvailable, not both"),
+        ("!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? self.maxUnavailable != 0 : "
+         "self.maxUnavailable != '0%')",
+         "maxUnavailable 0 would block every node drain for good"),
+        ("!has(self.minAvailable) || type(self.minAvailable) == int || self.minAvailable != '100%'",
+         "minAvailable 100% would block every node drain for good")))
 
     max_unavailable: IntOrPercent | None = Field(default=None, description=(
         "Most pods a voluntary disruption (a node drain) may take down at once, e.g. 1 or '25%' (default 1)."))
@@ -465,6 +470,10 @@ class DisruptionSpec(Kube):
     def _one_of(self) -> DisruptionSpec:
         if self.max_unavailable is not None and self.min_available is not None:
             raise ValueError("give maxUnavailable or minAvailable, not both")
+        if self.max_unavailable in (0, "0%"):
+            raise ValueError("maxUnavailable 0 would block every node drain for good")
+        if self.min_available == "100%":
+            raise ValueError("minAvailable 100% would block every node drain for good")
         return self
 
 

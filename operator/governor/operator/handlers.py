@@ -137,7 +137,7 @@ def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     no child is recreated after this and no status is written to an object on its way out."""
     meta = body["metadata"]
     with _lock(meta["uid"]):
-        removed = delete_children(meta["name"], meta["namespace"])
+        removed = delete_children(meta["name"], meta["namespace"], meta["uid"])
     logger.info("deleted children: %s", ", ".join(removed) or "none")
 
 

@@ -1,16 +1,19 @@
 """Kubernetes core/v1 types an InferenceService embeds in its pod settings, as pydantic models.
 
 Written out (rather than accepted as opaque objects) so the CRD carries their schema: `kubectl apply` refuses a
-misspelt affinity or env entry at once, `kubectl explain` documents them, and the operator never renders a
-Deployment the API server would refuse. Field names and meanings are core/v1's; each model names its upstream
-type. Only what pods of an engine use is here (e.g. no `podAffinity` on `namespaceSelector` defaults).
+misspelt affinity or env entry at once, and `kubectl explain` documents them. The checks core/v1 validation makes
+that are cheap to restate (selector operators and their values, topology-spread consistency, downward-API paths,
+budget bounds) are CEL rules here and model validators for the operator; a Deployment the API server still
+refuses is reported by reconcile (ChildRejected). Field names and meanings are core/v1's; each model names its
+upstream type. Only what pods of an engine use is here.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -29,11 +32,44 @@ Quantity = Annotated[
     Field(pattern=QUANTITY_PATTERN),
 ]
 
-# A count or a percentage ("25%"), as PodDisruptionBudget's minAvailable/maxUnavailable take it.
+# A count or a percentage ("25%", at most 100%), as PodDisruptionBudget's minAvailable/maxUnavailable take it.
+PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
+
+
+def _int_or_percent(value: object) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and re.fullmatch(PERCENT_PATTERN, value):
+        return value
+    raise ValueError(f"expected a count (0, 1, ...) or a percentage like '25%' (at most 100%), got {value!r}")
+
+
 IntOrPercent = Annotated[
-    Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern=r"^[0-9]+%$")],
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": r"^[0-9]+%$", "minimum": 0}),
+    int | str,
+    PlainValidator(_int_or_percent),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": PERCENT_PATTERN, "minimum": 0}),
 ]
+
+# Label keys (an optional DNS-subdomain prefix and '/', then a name of up to 63 characters) and values.
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+# The pod fields the downward API serves as env vars (core/v1 validation refuses any other fieldRef path).
+FIELD_PATH_PATTERN = (r"^(metadata\.(name|namespace|uid|labels\['[^']+'\]|annotations\['[^']+'\])"
+                      r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$")
+
+
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """`x-kubernetes-validations` (CEL rules the API server evaluates on `kubectl apply`) as JSON Schema extra:
+    (rule, message) pairs. Each rule restates a check the operator also makes in Python (a model validator or
+    `api.validate_spec`), the second line of defence for objects stored before a rule existed."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+def _rules(*rules: tuple[str, str]) -> ConfigDict:
+    """A model config carrying these CEL rules."""
+    return ConfigDict(json_schema_extra=cel(*rules))
 
 ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)]
 
@@ -60,7 +96,9 @@ class ObjectFieldSelector(Kube):
     """A field of the pod (core/v1 ObjectFieldSelector), e.g. metadata.name or status.podIP."""
 
     api_version: str | None = Field(default=None, description="Version of the schema the path is in (default v1).")
-    field_path: str = Field(min_length=1, description="Path of the field, e.g. 'metadata.name'.")
+    field_path: str = Field(min_length=1, max_length=512, pattern=FIELD_PATH_PATTERN, description=(
+        "Path of the field: metadata.name, metadata.namespace, metadata.uid, metadata.labels['KEY'], "
+        "metadata.annotations['KEY'], spec.nodeName, spec.serviceAccountName, status.hostIP(s) or status.podIP(s)."))
 
 
 class ResourceFieldSelector(Kube):
@@ -74,10 +112,10 @@ class ResourceFieldSelector(Kube):
 class EnvVarSource(Kube):
     """Where an env var's value comes from (core/v1 EnvVarSource): exactly one of the fields."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), "
-                "has(self.resourceFieldRef)].filter(x, x).size() == 1",
-        "message": "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef"}]})
+    model_config = _rules((
+        "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), "
+        "has(self.resourceFieldRef)].filter(x, x).size() == 1",
+        "valueFrom takes exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef"))
 
     secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret (e.g. HF_TOKEN).")
     config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
@@ -97,9 +135,8 @@ class EnvVarSource(Kube):
 class EnvVar(Kube):
     """An environment variable of the engine container and of the model download (core/v1 EnvVar)."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!(has(self.value) && has(self.valueFrom))",
-        "message": "an env var takes value or valueFrom, not both"}]})
+    model_config = _rules(("!(has(self.value) && has(self.valueFrom))",
+                           "an env var takes value or valueFrom, not both"))
 
     name: str = Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
                       description="Variable name, e.g. 'HF_TOKEN'.")
@@ -124,9 +161,8 @@ class ObjectReference(Kube):
 class EnvFromSource(Kube):
     """Every key of a Secret or ConfigMap as env vars (core/v1 EnvFromSource): one of the two."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "has(self.secretRef) != has(self.configMapRef)",
-        "message": "envFrom takes exactly one of secretRef and configMapRef"}]})
+    model_config = _rules(("has(self.secretRef) != has(self.configMapRef)",
+                           "envFrom takes exactly one of secretRef and configMapRef"))
 
     prefix: str | None = Field(default=None, max_length=256, description="Prepended to every key.")
     secret_ref: ObjectReference | None = Field(default=None, description="The Secret.")
@@ -148,30 +184,85 @@ class LocalObjectReference(Kube):
 # --- scheduling -----------------------------------------------------------------------------------------
 
 
+_SET_OPERATORS = ("In", "NotIn")
+
+
+def _values_fit(operator: str, values: list[str]) -> str | None:
+    """Why `values` do not suit `operator` (None when they do): In/NotIn need some, Exists/DoesNotExist none,
+    Gt/Lt one integer."""
+    if operator in _SET_OPERATORS:
+        return None if values else f"operator {operator}: In and NotIn need values"
+    if operator in ("Gt", "Lt"):
+        return None if len(values) == 1 and re.fullmatch(r"-?[0-9]+", values[0]) else \
+            f"operator {operator}: Gt and Lt need exactly one integer value"
+    return None if not values else f"operator {operator}: Exists and DoesNotExist take no values"
+
+
+_VALUES_RULE = ("(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+                "operators In and NotIn need values; Exists and DoesNotExist take no values")
+
+
 class LabelSelectorRequirement(Kube):
     """One requirement on labels (meta/v1 LabelSelectorRequirement)."""
 
-    key: str = Field(min_length=1, max_length=317, description="Label key.")
+    model_config = _rules(_VALUES_RULE)
+
+    key: LabelKey = Field(description="Label key.")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(description="In, NotIn, Exists or "
                                                                                    "DoesNotExist.")
-    values: list[str] = Field(default_factory=list, description="Values (In, NotIn: non-empty; else empty).")
+    values: list[Annotated[str, Field(max_length=63)]] = Field(default_factory=list, max_length=64, description=(
+        "Values (In, NotIn: non-empty; else empty)."))
+
+    @model_validator(mode="after")
+    def _values_suit_the_operator(self) -> LabelSelectorRequirement:
+        if (why := _values_fit(self.operator, self.values)) is not None:
+            raise ValueError(why)
+        return self
 
 
 class LabelSelector(Kube):
     """A label query over pods (meta/v1 LabelSelector); requirements are ANDed."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict, description="Labels that must equal these values.")
-    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list,
+    match_labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=64,
+        json_schema_extra=cel((f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))",
+                               "matchLabels keys must be valid label keys")),
+        description="Labels that must equal these values.")
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list, max_length=16,
                                                               description="Further requirements.")
+
+    @model_validator(mode="after")
+    def _keys_are_labels(self) -> LabelSelector:
+        bad = [k for k in self.match_labels if not re.fullmatch(LABEL_KEY_PATTERN, k)]
+        if bad:
+            raise ValueError(f"matchLabels keys must be valid label keys, got {bad}")
+        return self
+
+    def keys(self) -> set[str]:
+        """Every label key the selector constrains."""
+        return set(self.match_labels) | {e.key for e in self.match_expressions}
 
 
 class NodeSelectorRequirement(Kube):
     """One requirement on node labels or fields (core/v1 NodeSelectorRequirement)."""
 
+    model_config = _rules((
+        "self.operator in ['Gt', 'Lt'] ? (has(self.values) && size(self.values) == 1 && "
+        "self.values[0].matches('^-?[0-9]+$')) : " + _VALUES_RULE[0],
+        "operators In and NotIn need values; Gt and Lt need exactly one integer value; Exists and DoesNotExist take "
+        "no values"))
+
     key: str = Field(min_length=1, max_length=317, description="Label key (or field name in matchFields).")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"] = Field(
         description="In, NotIn, Exists, DoesNotExist, Gt or Lt.")
-    values: list[str] = Field(default_factory=list, description="Values (one integer for Gt and Lt).")
+    values: list[Annotated[str, Field(max_length=63)]] = Field(default_factory=list, max_length=64, description=(
+        "Values (one integer for Gt and Lt)."))
+
+    @model_validator(mode="after")
+    def _values_suit_the_operator(self) -> NodeSelectorRequirement:
+        if (why := _values_fit(self.operator, self.values)) is not None:
+            raise ValueError(why)
+        return self
 
 
 class NodeSelectorTerm(Kube):
@@ -245,8 +336,20 @@ class Affinity(Kube):
                                                                             "per node).")
 
 
+DEFAULT_SPREAD_KEY = "governor.dev/service"  # what a constraint without labelSelector counts (render.py)
+
+
 class TopologySpreadConstraint(Kube):
     """How the engine pods spread over a topology (core/v1 TopologySpreadConstraint)."""
+
+    model_config = _rules(
+        ("!has(self.minDomains) || self.whenUnsatisfiable == 'DoNotSchedule'",
+         "minDomains needs whenUnsatisfiable DoNotSchedule"),
+        ("!has(self.matchLabelKeys) || (has(self.labelSelector) ? "
+         "self.matchLabelKeys.all(k, !(has(self.labelSelector.matchLabels) && k in self.labelSelector.matchLabels) "
+         "&& !(has(self.labelSelector.matchExpressions) && self.labelSelector.matchExpressions.exists(e, e.key == k)))"
+         f" : !('{DEFAULT_SPREAD_KEY}' in self.matchLabelKeys))",
+         "a matchLabelKeys key must not be in labelSelector (without one: not governor.dev/service)"))
 
     max_skew: int = Field(ge=1, description="Most the pod count may differ between two domains.")
     topology_key: str = Field(min_length=1, max_length=317, description="Node label defining the domains, e.g. "
@@ -261,6 +364,16 @@ class TopologySpreadConstraint(Kube):
         "Whether the pods' node affinity limits the domains (default Honor)."))
     node_taints_policy: Literal["Honor", "Ignore"] | None = Field(default=None, description=(
         "Whether node taints limit the domains (default Ignore)."))
-    match_label_keys: list[str] = Field(default_factory=list, description=(
+    match_label_keys: list[LabelKey] = Field(default_factory=list, max_length=8, description=(
         "Pod label keys whose values narrow the pods counted, e.g. ['governor.dev/revision'] to spread each "
         "revision on its own."))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TopologySpreadConstraint:
+        if self.min_domains is not None and self.when_unsatisfiable != "DoNotSchedule":
+            raise ValueError("minDomains needs whenUnsatisfiable DoNotSchedule")
+        selected = self.label_selector.keys() if self.label_selector is not None else {DEFAULT_SPREAD_KEY}
+        if both := sorted(selected & set(self.match_label_keys)):
+            raise ValueError(f"matchLabelKeys {both} must not be in labelSelector (without one: not "
+                             f"{DEFAULT_SPREAD_KEY})")
+        return self

@@ -6,23 +6,25 @@ written (`contains`), so re-running it with nothing changed makes no writes. An 
 nothing and is reported as Ready=False, reason InvalidSpec, with a message naming the field. The admin
 token Secret is created once with a random token and never rendered, logged or rewritten. A child whose
 name is taken by an object this service does not control (another service's, or one a user made) is never
-adopted or changed: the pass stops and reports Ready=False, reason NameConflict, naming the object.
+adopted or changed: the pass stops and reports Ready=False, reason NameConflict, naming the object. A child
+the API server refuses stops the pass the same way, as ChildRejected with the server's message.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from governor.operator.analysis import Query, judge, no_prometheus
-from governor.operator.api import KIND, InferenceServiceSpec, parse_spec
+from governor.operator.api import InferenceServiceSpec, parse_spec
 from governor.operator.render import (
     LABEL_REVISION,
     LABEL_SERVICE,
@@ -35,6 +37,7 @@ from governor.operator.render import (
     disruption_budget,
     render,
     revision_hash,
+    revision_selector,
     role_services,
     synced_knobs,
 )
@@ -99,30 +102,42 @@ class Outcome:
     consumed_action: bool = False  # a rollout-action annotation was read: the caller removes it
 
 
-# kind → (read, create, patch) on the namespaced typed APIs.
-Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+class Ops(NamedTuple):
+    """read(name, ns), create(ns, body), patch(name, ns, body) and delete(name, ns) of one child kind."""
+
+    read: Callable[..., Any]
+    create: Callable[..., Any]
+    patch: Callable[..., Any]
+    delete: Callable[..., Any]
 
 
 def _ops(kind: str) -> Ops:
+    """The namespaced API calls of a child kind."""
     core, apps = client.CoreV1Api(), client.AppsV1Api()
     if kind == "PodDisruptionBudget":
         policy = client.PolicyV1Api()
-        return (policy.read_namespaced_pod_disruption_budget, policy.create_namespaced_pod_disruption_budget,
-                policy.patch_namespaced_pod_disruption_budget)
+        return Ops(policy.read_namespaced_pod_disruption_budget, policy.create_namespaced_pod_disruption_budget,
+                   policy.patch_namespaced_pod_disruption_budget, policy.delete_namespaced_pod_disruption_budget)
     if kind == "Deployment":
-        return apps.read_namespaced_deployment, apps.create_namespaced_deployment, apps.patch_namespaced_deployment
+        return Ops(apps.read_namespaced_deployment, apps.create_namespaced_deployment,
+                   apps.patch_namespaced_deployment, apps.delete_namespaced_deployment)
     if kind == "Service":
-        return core.read_namespaced_service, core.create_namespaced_service, core.patch_namespaced_service
+        return Ops(core.read_namespaced_service, core.create_namespaced_service, core.patch_namespaced_service,
+                   core.delete_namespaced_service)
     if kind == "ConfigMap":
-        return core.read_namespaced_config_map, core.create_namespaced_config_map, core.patch_namespaced_config_map
+        return Ops(core.read_namespaced_config_map, core.create_namespaced_config_map,
+                   core.patch_namespaced_config_map, core.delete_namespaced_config_map)
     if kind == "Secret":
-        return core.read_namespaced_secret, core.create_namespaced_secret, core.patch_namespaced_secret
+        return Ops(core.read_namespaced_secret, core.create_namespaced_secret, core.patch_namespaced_secret,
+                   core.delete_namespaced_secret)
     if kind == "PodMonitor":
         custom = client.CustomObjectsApi()
         group, version, plural = "monitoring.coreos.com", "v1", "podmonitors"
-        return (lambda name, ns: custom.get_namespaced_custom_object(group, version, ns, plural, name),
-                lambda ns, body: custom.create_namespaced_custom_object(group, version, ns, plural, body),
-                lambda name, ns, body: custom.patch_namespaced_custom_object(group, version, ns, plural, name, body))
+        return Ops(lambda name, ns: custom.get_namespaced_custom_object(group, version, ns, plural, name),
+                   lambda ns, body: custom.create_namespaced_custom_object(group, version, ns, plural, body),
+                   lambda name, ns, body: custom.patch_namespaced_custom_object(group, version, ns, plural, name,
+                                                                                body),
+                   lambda name, ns: custom.delete_namespaced_custom_object(group, version, ns, plural, name))
     raise ValueError(f"no API for child kind {kind!r}")
 
 
@@ -158,7 +173,7 @@ def apply_child(desired: dict[str, Any]) -> str | None:
     """Create `desired` if missing, patch it if it drifted from what was rendered; None when untouched.
     NameConflict when an object of that name exists that `desired`'s controller does not control."""
     kind, meta = desired["kind"], desired["metadata"]
-    read, create, patch = _ops(kind)
+    read, create, patch, _ = _ops(kind)
     try:
         existing = _as_dict(read(meta["name"], meta["namespace"]))
     except ApiException as e:
@@ -179,7 +194,7 @@ def ensure_admin_secret(name: str, namespace: str, uid: str) -> str | None:
     that exists without a controller (made beforehand by the user) is used as the token; one controlled by
     another object is a NameConflict."""
     body = admin_secret(name, namespace, uid, secrets.token_urlsafe(32))
-    read, create, _ = _ops("Secret")
+    read, create, _, _ = _ops("Secret")
     try:
         existing = _as_dict(read(body["metadata"]["name"], namespace))
     except ApiException as e:
@@ -216,12 +231,12 @@ def prune_revisions(name: str, namespace: str, keep: set[str]) -> list[str]:
     rolled-back or superseded canary)."""
     core, apps = client.CoreV1Api(), client.AppsV1Api()
     removed = []
-    for kind, lister, deleter in (("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
-                                  ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map)):
+    listers = (("Deployment", apps.list_namespaced_deployment), ("ConfigMap", core.list_namespaced_config_map))
+    for kind, lister in listers:
         for child in owned_children(lister, namespace, name):
             meta = child["metadata"]
             revision = (meta.get("labels") or {}).get(LABEL_REVISION)
-            if revision is not None and revision not in keep and _delete(deleter, meta["name"], namespace):
+            if revision is not None and revision not in keep and _delete(_ops(kind).delete, meta["name"], namespace):
                 removed.append(f"deleted {kind}/{meta['name']} (revision {revision})")
     return removed
 
@@ -258,41 +273,37 @@ def keep_stable(name: str, namespace: str, revision: str, replicas: int, status:
     return writes
 
 
-def delete_children(name: str, namespace: str) -> list[str]:
+def delete_children(name: str, namespace: str, uid: str) -> list[str]:
     """Delete every child labelled for service `name`, and its admin-token Secret and PodDisruptionBudget by name
     (the operator may not list Secrets). The API server's garbage collector would do it through the
     ownerReferences; doing it explicitly makes deletion independent of the collector's pace."""
-    core, apps = client.CoreV1Api(), client.AppsV1Api()
     removed: list[str] = []
-    for kind, lister, deleter in (
-            ("Deployment", apps.list_namespaced_deployment, apps.delete_namespaced_deployment),
-            ("Service", core.list_namespaced_service, core.delete_namespaced_service),
-            ("ConfigMap", core.list_namespaced_config_map, core.delete_namespaced_config_map)):
+    core, apps = client.CoreV1Api(), client.AppsV1Api()
+    for kind, lister in (("Deployment", apps.list_namespaced_deployment), ("Service", core.list_namespaced_service),
+                         ("ConfigMap", core.list_namespaced_config_map)):
         for child in owned_children(lister, namespace, name):
-            if _delete(deleter, child["metadata"]["name"], namespace):
+            if _delete(_ops(kind).delete, child["metadata"]["name"], namespace):
                 removed.append(f"deleted {kind}/{child['metadata']['name']}")
     for kind, by_name in (("Secret", admin_secret_name(name)), ("PodDisruptionBudget", name)):
-        if delete_controlled(kind, by_name, namespace, name):
+        if delete_controlled(kind, by_name, namespace, uid):
             removed.append(f"deleted {kind}/{by_name}")
     return removed
 
 
-def delete_controlled(kind: str, child: str, namespace: str, owner: str) -> bool:
-    """Delete `kind`/`child` if it exists and InferenceService `owner` controls it; True when deleted. One made
-    outside Governor (e.g. an admin-token Secret the user created) or another service's is left alone."""
-    read = _ops(kind)[0]
+def delete_controlled(kind: str, child: str, namespace: str, owner_uid: str) -> bool:
+    """Delete `kind`/`child` if it exists and the InferenceService of uid `owner_uid` controls it; True when
+    deleted. One made outside Governor (e.g. an admin-token Secret the user created) or another's is left alone."""
+    ops = _ops(kind)
     try:
-        existing = _as_dict(read(child, namespace))
+        existing = _as_dict(ops.read(child, namespace))
     except ApiException as e:
         if e.status != 404:
             raise
         return False
     controller = _controller(existing.get("metadata") or {})
-    if controller is None or controller.get("kind") != KIND or controller.get("name") != owner:
+    if controller is None or controller.get("uid") != owner_uid:
         return False
-    deleter = {"Secret": client.CoreV1Api().delete_namespaced_secret,
-               "PodDisruptionBudget": client.PolicyV1Api().delete_namespaced_pod_disruption_budget}[kind]
-    return _delete(deleter, child, namespace)
+    return _delete(ops.delete, child, namespace)
 
 
 def _routes() -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -399,13 +410,30 @@ def reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: An
     is `scrape_interval_s` (trigger windows span at least two scrapes); `annotations` may hold a rollout
     action, which the caller removes when `Outcome.consumed_action` is set. A NameConflict stops the pass
     (children applied before it stay) and is reported in status; the rest of the status is kept as it was, and
-    a rollout action is left for the pass that can act on it."""
+    a rollout action is left for the pass that can act on it. A child the API server refuses (400, 422) is
+    reported the same way, as ChildRejected with the server's message."""
     try:
         return _reconcile(name, namespace, uid, generation, raw_spec, status, annotations, pod_monitor=pod_monitor,
                           query=query, scrape_interval_s=scrape_interval_s, now=now)
     except NameConflict as e:
         return _failed(status, generation, stamp(time.time() if now is None else now), "NameConflict", str(e),
                        "waiting for the name conflict to be resolved", keep=status)
+    except ApiException as e:
+        if e.status not in (400, 422):
+            raise  # a transient failure: kopf retries the pass
+        # The API server refused a child the spec rendered (a value no schema or rule here caught): retrying
+        # cannot help until the spec changes, so say so in status instead of failing the pass for ever.
+        return _failed(status, generation, stamp(time.time() if now is None else now), "ChildRejected",
+                       f"the API server refused a child of this service: {_server_message(e)}",
+                       "waiting for a spec whose children the API server accepts", keep=status)
+
+
+def _server_message(e: ApiException) -> str:
+    """The message of the API server's Status in an error response, else its reason."""
+    try:
+        return str(json.loads(e.body or "{}").get("message") or e.reason)[:1000]
+    except (ValueError, AttributeError):
+        return str(e.reason)
 
 
 def _failed(status: Mapping[str, Any], generation: int, stamp_now: str, reason: str, message: str,
@@ -534,12 +562,13 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
             keep = {stable, desired}
     assert stable is not None  # every branch above settles the stable revision
     active = rollout is not None and rollout.active
+    # Traffic shifts to the canary while its rollout runs or is being promoted; its share now, else none.
+    shifting = rollout is not None and (active or promoting)
+    canary_weight = rollout.canary_weight if rollout is not None and shifting else 0
     route_status = None
     if spec.rollout.http_route:
-        shifting = (active or promoting) and rollout is not None
-        weight = rollout.canary_weight if shifting and rollout is not None else 0
         writes += route_traffic(name, namespace, uid, spec.rollout.http_route, route, stable,
-                                desired if shifting else stable, weight)
+                                desired if shifting else stable, canary_weight)
         route_status = {"httpRoute": spec.rollout.http_route, "problem": route_problem}
         if route_problem and route_problem != ((status.get("trafficRouting") or {}).get("problem")):
             events.append(("HTTPRouteUnusable", f"{route_problem}; the canary's step waits until the route "
@@ -549,7 +578,7 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
     assert keep is not None
     writes += prune_revisions(name, namespace, keep)
     if disruption_budget(name, namespace, uid, spec) is None and delete_controlled("PodDisruptionBudget", name,
-                                                                                    namespace, name):
+                                                                                    namespace, uid):
         writes.append(f"deleted PodDisruptionBudget/{name} (spec.replicas ≤ 1)")
     if action is not None and not transitions:
         events.append(("RolloutActionIgnored", f"{ACTION_ANNOTATION}={action}: no rollout in progress that it "
@@ -587,13 +616,12 @@ def _reconcile(name: str, namespace: str, uid: str, generation: int, raw_spec: A
     events += [(t.reason, t.message, t.type) for t in transitions]
     if status.get("phase") != phase:
         events.append((phase, msg, "Normal"))
-    shifting = (active or promoting) and rollout is not None
     new_status: dict[str, Any] = {
         "observedGeneration": generation, "phase": phase, "revision": stable,
         # The scale subresource's view: the stable revision is what spec.replicas sizes.
         "replicas": _replicas(stable_dep), "readyReplicas": ready,
-        "selector": f"{LABEL_SERVICE}={name},{LABEL_REVISION}={stable}",
-        "canaryWeight": rollout.canary_weight if shifting and rollout is not None else 0,
+        "selector": revision_selector(name, stable),
+        "canaryWeight": canary_weight,
         "conditions": conditions}
     if rollout is not None:
         new_status["rollout"] = rollout.to_status()

@@ -36,7 +36,8 @@ Model sources (`spec.model.uri`, and `speculative.draftModel` the same way):
 - `hf://org/name@rev`: an init container, from the engine image, downloads the weights, configs and tokenizer
   files of the repository (`huggingface_hub.snapshot_download`, `DOWNLOAD_PATTERNS`) into the volume
   `model-cache` at /models/hf/org/name: an emptyDir whose sizeLimit is `spec.model.cache.size`, else derived
-  from the repository name (`cache_size`), or the PersistentVolumeClaim `spec.model.cache.claimName`, where
+  from the repository names (`cache_size`; none when a name states no size), or the PersistentVolumeClaim
+  `spec.model.cache.claimName`, where
   files already present are not fetched again. This needs network access from the pod to the Hub (or
   HF_ENDPOINT) and, for gated repositories, an HF_TOKEN from `spec.engine.env`.
 
@@ -63,7 +64,8 @@ from governor.operator.api import (
     DEFAULT_CPU_REQUEST,
     DEFAULT_MEMORY_REQUEST,
     KIND,
-    OPERATOR_ENV,
+    TMP_DIR,
+    WRITABLE_ENV,
     InferenceServiceSpec,
     parse_model_uri,
 )
@@ -79,26 +81,24 @@ HF_DIR = f"{MODELS_DIR}/hf"
 MODEL_CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
 TMP_VOLUME = "tmp"
-TMP_DIR = "/tmp"
 TMP_SIZE_LIMIT = "4Gi"  # compile caches (Triton, Torch Inductor, CUDA) and the download's metadata
 ADMIN_TOKEN_VOLUME = "admin-token"
 ADMIN_TOKEN_DIR = "/var/run/governor/admin"
 CONTAINER = "engine"
 
 RUN_AS_USER = 10001  # the engine image's user (docker/engine.Dockerfile)
-# Environment every container gets, so nothing writes outside the emptyDirs (the root filesystem is read-only).
-WRITABLE_ENV = {"HOME": TMP_DIR, "HF_HOME": f"{TMP_DIR}/hf", "XDG_CACHE_HOME": f"{TMP_DIR}/cache",
-                "TRITON_CACHE_DIR": f"{TMP_DIR}/triton", "TORCHINDUCTOR_CACHE_DIR": f"{TMP_DIR}/inductor"}
-assert set(WRITABLE_ENV) == set(OPERATOR_ENV), "api.OPERATOR_ENV lists the env vars rendered here"
 # What the engine reads of a Hugging Face repository: configs, safetensors weights, tokenizer and chat template
 # files. Other formats of the same weights (e.g. `original/*.pth`) are not downloaded.
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+# The same weights again in another layout (Mistral's consolidated file, Meta's original/ folder).
+SKIPPED_PATTERNS = ["consolidated*", "original/*"]
 INIT_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}}
-# Model cache sizing from a repository name: parameters ("8B", "0.5B", "135M", "8x7B") × bytes per parameter
-# (2 for bf16/fp16, plus a quarter for the download's temporary files); else a fixed size.
-CACHE_BYTES_PER_PARAMETER = 2.5
-DEFAULT_CACHE_GI = 100
-_PARAMETERS = re.compile(r"(?<![A-Za-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)([BbMm])(?![A-Za-z0-9])")
+# The emptyDir's sizeLimit from a repository name: parameters ("8B", "0.5B", "135M", "8x7B", "17B-16E") × bytes
+# per parameter. A limit too small gets the pod evicted mid-download, one too large costs nothing (it reserves
+# no space), so it errs large: 4 bytes a parameter (fp32 checkpoints too) plus an eighth for the download's
+# temporary files, experts counted as full models. A name that states no size gets no limit.
+CACHE_BYTES_PER_PARAMETER = 4.5
+_PARAMETERS = re.compile(r"(?<![A-Za-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)([BbMm])(?:-(\d+)[Ee])?(?![A-Za-z0-9])")
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -122,6 +122,11 @@ SPEC_KNOB = "num_speculative_tokens"
 def deployment_name(name: str, revision: str) -> str:
     """The Deployment of one revision of service `name`."""
     return f"{name}-{revision}"
+
+
+def revision_selector(name: str, revision: str) -> str:
+    """The label selector of the engine pods of one revision of service `name`."""
+    return f"{LABEL_SERVICE}={name},{LABEL_REVISION}={revision}"
 
 
 def config_map_name(name: str, revision: str) -> str:
@@ -157,9 +162,11 @@ def revision_hash(spec: InferenceServiceSpec) -> str:
     """Identity of the pod template: 10 hex digits of the sha256 of the canonical JSON of the model, the
     engine settings except the knobs, and the knob hard caps. Knob values, replicas, SLOs and rollout
     settings never change it; a changed image, model revision or static engine setting always does."""
+    # Fields at their defaults are left out, so a field added to the API later (at its default) keeps every
+    # existing service's revision, and writing a default out changes nothing.
     identity = {
-        "model": spec.model.model_dump(mode="json", by_alias=True),
-        "engine": spec.engine.model_dump(mode="json", by_alias=True, exclude={"knobs"}),
+        "model": spec.model.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        "engine": spec.engine.model_dump(mode="json", by_alias=True, exclude={"knobs"}, exclude_defaults=True),
         "caps": knob_caps(spec),
     }
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -222,18 +229,17 @@ def parameters_in_name(repo: str) -> float | None:
     match = _PARAMETERS.search(repo.rsplit("/", 1)[-1])
     if match is None:
         return None
-    experts = int(match[1]) if match[1] else 1
+    experts = int(match[1] or match[4] or 1)
     return experts * float(match[2]) * (1e9 if match[3] in "Bb" else 1e6)
 
 
-def cache_size(repos: list[str]) -> str:
+def cache_size(repos: list[str]) -> str | None:
     """sizeLimit of the download volume for these repositories: `CACHE_BYTES_PER_PARAMETER` per parameter their
-    names state, `DEFAULT_CACHE_GI` for one that states none; in whole Gi."""
-    gib = 0
-    for repo in repos:
-        params = parameters_in_name(repo)
-        gib += DEFAULT_CACHE_GI if params is None else max(1, math.ceil(params * CACHE_BYTES_PER_PARAMETER / 2**30))
-    return f"{gib}Gi"
+    names state, in whole Gi; None (no limit) when a name states none."""
+    sizes = [parameters_in_name(repo) for repo in repos]
+    if any(params is None for params in sizes):
+        return None
+    return f"{sum(max(1, math.ceil(p * CACHE_BYTES_PER_PARAMETER / 2**30)) for p in sizes if p is not None)}Gi"
 
 
 @dataclass
@@ -271,8 +277,8 @@ class _Mounts:
             # snapshot_download is stable across huggingface_hub releases; its CLI module names are not.
             "command": ["python", "-c", "import json, sys; from huggingface_hub import snapshot_download; "
                         "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
-                        "allow_patterns=json.loads(sys.argv[4]))",
-                        source.repo, rev, local_dir, json.dumps(DOWNLOAD_PATTERNS)],
+                        "allow_patterns=json.loads(sys.argv[4]), ignore_patterns=json.loads(sys.argv[5]))",
+                        source.repo, rev, local_dir, json.dumps(DOWNLOAD_PATTERNS), json.dumps(SKIPPED_PATTERNS)],
             "volumeMounts": [{"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR}, _tmp_mount()],
             "env": _env(self.spec, []),
             **({"envFrom": _env_from(self.spec)} if self.spec.engine.env_from else {}),
@@ -289,7 +295,7 @@ class _Mounts:
         if cache is not None and cache.claim_name:
             return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}
         size = cache.size if cache is not None and cache.size else cache_size(self.repos)
-        return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size}}
+        return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size} if size else {}}
 
 
 # --- pod security ---------------------------------------------------------------------------------------
@@ -556,7 +562,8 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
 
 def disruption_budget(name: str, namespace: str, uid: str, spec: InferenceServiceSpec) -> dict[str, Any] | None:
     """PodDisruptionBudget `<name>` over every engine pod of the service while spec.replicas > 1 (a budget on a
-    single pod would block node drains for good); maxUnavailable 1 unless spec.disruption says otherwise."""
+    single pod a budget either lets the drain evict it, protecting nothing, or blocks the drain for good);
+    maxUnavailable 1 unless spec.disruption says otherwise."""
     if spec.replicas <= 1:
         return None
     given = spec.disruption.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -49,6 +49,7 @@ from governor.operator.render import (
     PORT_NAME,
     admin_secret_name,
     knob_limits,
+    revision_selector,
 )
 from governor.operator.rollout import ACTIVE as ROLLOUT_ACTIVE
 from governor.tuner.actuate import ActuationResult, apply_knobs
@@ -194,11 +195,6 @@ def build_tuner(config: TuningConfig, source: SignalSource, actuator: Actuator, 
 
 
 # --- actuation ----------------------------------------------------------------------------------------
-
-
-def revision_selector(name: str, revision: str) -> str:
-    """The label selector of the engine pods of one revision of service `name`."""
-    return f"{LABEL_SERVICE}={name},{LABEL_REVISION}={revision}"
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
