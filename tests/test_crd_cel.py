@@ -86,7 +86,7 @@ RULE_MESSAGES = {
     "env moving the writable home": "env must not set GOVERNOR_*",
     "podLabels setting a selector label": "podLabels must not set governor.dev/*",
     "podLabels setting an app.kubernetes.io label": "podLabels must not set governor.dev/*",
-    "podLabels with an invalid key": "podLabels keys must be valid label keys",
+    "podLabels with an invalid key": "podLabels keys must be valid keys",
     "podAnnotations setting the scrape annotation": "podAnnotations must not set governor.dev/*",
 }
 

@@ -26,13 +26,13 @@ from pydantic.alias_generators import to_camel
 from governor import contract
 from governor.operator.kube_types import (
     LABEL_KEY_PATTERN,
-    LABEL_VALUE_PATTERN,
     QUANTITY_PATTERN,
     Affinity,
     EnvFromSource,
     EnvVar,
     IntOrPercent,
     Kube,
+    LabelValue,
     LocalObjectReference,
     ObjectName,
     Quantity,
@@ -149,6 +149,13 @@ OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.
 OPERATOR_KEY_PREFIX = "governor.dev/"
 OPERATOR_ANNOTATIONS = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")
 
+
+
+def _keys_rules(field: str, owned: tuple[str, ...], why: str) -> dict[str, Any]:
+    """CEL rules for a map of pod labels or annotations: no key the operator sets, every key well formed."""
+    return cel((f"self.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in {_cel_list(owned)}))",
+                f"{field} must not set {OPERATOR_KEY_PREFIX}* or " + ", ".join(owned) + f": {why}"),
+               (f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))", f"{field} keys must be valid keys"))
 
 
 class ModelCache(Kube):
@@ -296,18 +303,12 @@ class EngineSpec(Kube):
         "How the engine pods spread over zones or nodes; a constraint without labelSelector counts this "
         "service's pods."))
     pod_annotations: dict[str, Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=dict, max_length=64, json_schema_extra=cel(
-            (f"self.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in {_cel_list(OPERATOR_ANNOTATIONS)}))",
-             f"podAnnotations must not set {OPERATOR_KEY_PREFIX}* or " + ", ".join(OPERATOR_ANNOTATIONS)
-             + ": the operator sets them"),
-            (f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))", "podAnnotations keys must be valid annotation keys")),
+        default_factory=dict, max_length=64, json_schema_extra=_keys_rules("podAnnotations", OPERATOR_ANNOTATIONS,
+                                                                           "the operator sets them"),
         description="Annotations added to the engine pods (changing them rolls out a new revision).")
-    pod_labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] = Field(
-        default_factory=dict, max_length=64, json_schema_extra=cel(
-            (f"self.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}') && !(k in {_cel_list(OPERATOR_LABELS)}))",
-             f"podLabels must not set {OPERATOR_KEY_PREFIX}* or " + ", ".join(OPERATOR_LABELS)
-             + ": the operator's selectors use them"),
-            (f"self.all(k, k.matches('{LABEL_KEY_PATTERN}'))", "podLabels keys must be valid label keys")),
+    pod_labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=_keys_rules("podLabels", OPERATOR_LABELS,
+                                                                           "the operator's selectors use them"),
         description="Labels added to the engine pods (changing them rolls out a new revision).")
     priority_class_name: ObjectName | None = Field(default=None, description="PriorityClass of the engine pods.")
     runtime_class_name: ObjectName | None = Field(default=None, description=(
@@ -611,7 +612,7 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
     - SLO targets and tuner intervals are positive durations;
     - rollout step weights strictly increase and stay below 100 (promotion to 100 is implicit);
     - extraArgs set no flag the operator sets (`OPERATOR_FLAGS`), env no variable it sets, podLabels and
-      podAnnotations no key it sets; label keys and values are valid Kubernetes labels;
+      podAnnotations no key it sets, and their keys are valid label keys;
     - a relative rollback trigger's threshold is a ratio pointing the worse way (≥ 1; ≤ 1 for throughput),
       an absolute error-rate threshold is a fraction, and every trigger window is at least 1s.
     """
@@ -731,11 +732,6 @@ def _pod_setting_errors(engine: EngineSpec) -> list[FieldError]:
                 errors.append(FieldError(f"spec.engine.{field}[{key}]", "not a valid key: an optional DNS "
                                                                         "subdomain prefix and '/', then up to 63 "
                                                                         "letters, digits, '-', '_', '.'"))
-    for key, value in engine.pod_labels.items():
-        if value and not re.fullmatch(LABEL_VALUE_PATTERN, value):
-            errors.append(FieldError(f"spec.engine.podLabels[{key}]", f"{value!r} is not a valid label value: up "
-                                                                      "to 63 letters, digits, '-', '_', '.', "
-                                                                      "starting and ending alphanumeric"))
     return errors
 
 
