@@ -14,8 +14,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.api import InferenceServiceSpec
 from governor.operator.crds import FILENAME, crd_manifest
+from governor.operator.validation import parse_spec
 from tests.crd_admission import admit, rule_failures
 from tests.test_operator_api import FULL, MINIMAL, SEMANTIC_CASES, with_changes
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from governor.cli import main as governor_main
-from governor.operator.api import TMP_DIR, WRITABLE_ENV
+from governor.operator.pod_ownership import TMP_DIR, WRITABLE_ENV
 from tests.test_server import free_port, wait_until
 
 # Appends one JSON line per write-like event to the file in GOVERNOR_TEST_WRITES, then runs the CLI.

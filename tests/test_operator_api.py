@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from governor import contract
 from governor.cli import main as governor_main
 from governor.operator import api
-from governor.operator.api import FieldError, InferenceServiceSpec, duration_seconds, parse_model_uri, parse_spec
+from governor.operator.api import InferenceServiceSpec, duration_seconds, parse_model_uri
 from governor.operator.crds import FILENAME, crd_manifest, render
+from governor.operator.validation import FieldError, parse_spec, validate_spec
 from tests.crd_admission import apply_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +329,7 @@ def test_semantic_check_names_the_field(case: str) -> None:
     assert list(errors) == [path], errors
     # validate_spec alone reports the same for a spec built without parse_spec's checks
     spec = InferenceServiceSpec.model_validate(with_changes(MINIMAL, **changes))
-    assert [e.path for e in api.validate_spec(spec)] == [path]
+    assert [e.path for e in validate_spec(spec)] == [path]
 
 
 def test_semantic_checks_pass_on_edges() -> None:
@@ -337,7 +338,7 @@ def test_semantic_checks_pass_on_edges() -> None:
                     "engine.knobs": {"maxNumSeqs": 8, "numSpeculativeTokens": 0},
                     "autotune.bounds": {"maxNumSeqs": {"min": 8, "max": 8}},
                     "rollout.steps": [], "model.uri": "hf://org/name@v1", "model.revision": "v1"}))
-    assert api.validate_spec(spec) == []
+    assert validate_spec(spec) == []
 
 
 # --- never raises -----------------------------------------------------------------------------------

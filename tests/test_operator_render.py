@@ -15,16 +15,18 @@ import yaml
 
 from governor import contract
 from governor.engine.cli import build_parser
-from governor.operator.api import OPERATOR_FLAGS, InferenceServiceSpec, parse_spec
+from governor.operator.api import InferenceServiceSpec
+from governor.operator.model_sources import cache_size
+from governor.operator.pod_ownership import OPERATOR_FLAGS
 from governor.operator.render import (
     LABEL_REVISION,
     LABEL_SERVICE,
     admin_secret,
-    cache_size,
     render,
     revision_hash,
     starting_knobs,
 )
+from governor.operator.validation import parse_spec
 from tests.pod_security import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -475,7 +477,7 @@ def test_only_objects_the_service_controls_are_applied_over() -> None:
     """`check_controller` (reconcile.apply_child, ensure_admin_secret): a rendered child may replace only an
     object its own InferenceService (same uid) controls; another service's, or one without a controller, is a
     NameConflict naming who holds it."""
-    from governor.operator.reconcile import NameConflict, check_controller
+    from governor.operator.children import NameConflict, check_controller
 
     def ref(name: str, uid: str, controller: bool = True) -> dict[str, Any]:
         return {"apiVersion": "governor.dev/v1alpha1", "kind": "InferenceService", "name": name, "uid": uid,

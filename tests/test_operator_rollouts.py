@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from governor.operator.analysis import PrometheusQuery, judge
-from governor.operator.api import InferenceServiceSpec, RollbackTrigger, parse_spec
+from governor.operator.api import InferenceServiceSpec, RollbackTrigger
 from governor.operator.render import revision_hash
+from governor.operator.validation import parse_spec
 from tests.chart import operator_bindings
 from tests.kube_emulator import Cluster, Grants, start_emulator
 from tests.metric_exporter import Exporter

@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from governor import contract
-from governor.operator.api import InferenceServiceSpec, parse_spec
+from governor.operator.api import InferenceServiceSpec
 from governor.operator.render import ADMIN_TOKEN_KEY, LABEL_REVISION, LABEL_SERVICE, PORT, revision_hash
 from governor.operator.tuning import (
     ACTIVE,
@@ -48,6 +48,7 @@ from governor.operator.tuning import (
     record_event,
     tuner_bounds,
 )
+from governor.operator.validation import parse_spec
 from governor.tuner.prom import PrometheusSource
 from governor.tuner.records import DecisionRecord, Outcome
 from tests.chart import operator_bindings

@@ -18,7 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from governor.operator.api import EngineSpec, InferenceServiceSpec, ModelSpec, parse_spec
+from governor.operator.api import EngineSpec, InferenceServiceSpec, ModelSpec
+from governor.operator.validation import parse_spec
 from tests.chart import CHART, FULLNAME, RELEASE, RELEASE_NAMESPACE, ROOT, run_helm
 from tests.chart import rendered as render_chart
 from tests.pod_security import restricted_violations

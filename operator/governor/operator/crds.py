@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from governor.operator import api
+from governor.operator.validation import drop_nulls
 
 FILENAME = f"{api.PLURAL}.{api.GROUP}.yaml"
 DEFAULT_OUT_DIRS = (Path("crds"), Path("charts/governor/crds"))
@@ -79,7 +80,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         elif key == "items":
             value = structural(value, defs)
         elif key == "default":
-            value = api.drop_nulls(value)
+            value = drop_nulls(value)
             if value is None:
                 continue
         out[key] = value

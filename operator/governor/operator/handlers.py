@@ -17,7 +17,8 @@ import kubernetes
 
 from governor.operator.analysis import PrometheusQuery, Query, no_prometheus
 from governor.operator.api import GROUP, PLURAL, VERSION
-from governor.operator.reconcile import contains, delete_children, reconcile
+from governor.operator.children import contains, delete_children
+from governor.operator.reconcile import reconcile
 from governor.operator.rollout import ACTION_ANNOTATION
 from governor.operator.tuning import DEFAULT_SCRAPE_INTERVAL_S, SCRAPE_INTERVAL_ENV, run_tuner
 

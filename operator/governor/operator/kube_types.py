@@ -63,7 +63,7 @@ FIELD_PATH_PATTERN = (r"^(metadata\.(name|namespace|uid|labels\['[^']+'\]|annota
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:
     """`x-kubernetes-validations` (CEL rules the API server evaluates on `kubectl apply`) as JSON Schema extra:
     (rule, message) pairs. Each rule restates a check the operator also makes in Python (a model validator or
-    `api.validate_spec`), the second line of defence for objects stored before a rule existed."""
+    `validation.validate_spec`), the second line of defence for objects stored before a rule existed."""
     return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in rules]}
 
 

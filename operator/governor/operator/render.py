@@ -30,32 +30,14 @@ after a restart. So the caps are always given: `spec.autotune.bounds.<knob>.max`
 range's max (the engine's own defaults, 256 and 8192). Starting values above the cap are clamped to it;
 to start higher, raise the bound.
 
-Model sources (`spec.model.uri`, and `speculative.draftModel` the same way):
-- `/path`: used as is (the user mounts it, e.g. through the node or an image);
-- `pvc://claim/path`: the claim is mounted read-only at /models/<claim>, the model is /models/<claim>/<path>;
-- `hf://org/name@rev`: an init container, from the engine image, downloads the weights, configs and tokenizer
-  files of the repository (`huggingface_hub.snapshot_download`, `DOWNLOAD_PATTERNS`) into the volume
-  `model-cache` at /models/hf/org/name: an emptyDir whose sizeLimit is `spec.model.cache.size`, else derived
-  from the repository names (`cache_size`; none when a name states no size), or the PersistentVolumeClaim
-  `spec.model.cache.claimName`, where
-  files already present are not fetched again. This needs network access from the pod to the Hub (or
-  HF_ENDPOINT) and, for gated repositories, an HF_TOKEN from `spec.engine.env`.
-
-Pods pass the Pod Security "restricted" profile: non-root (uid `RUN_AS_USER`, the engine image's user), no
-privilege escalation, every capability dropped, the runtime's default seccomp profile, a read-only root
-filesystem with emptyDirs where the engine and the download write (/tmp: HOME and the Triton, Torch Inductor
-and Hugging Face caches), no service account token, and the admin token as a mounted Secret file. CPU and
-memory are always requested (never BestEffort).
+Model sources and their volumes: `model_sources`; the pods' security context and environment: `pod_hardening`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from governor import contract
@@ -64,10 +46,17 @@ from governor.operator.api import (
     DEFAULT_CPU_REQUEST,
     DEFAULT_MEMORY_REQUEST,
     KIND,
-    TMP_DIR,
-    WRITABLE_ENV,
     InferenceServiceSpec,
-    parse_model_uri,
+)
+from governor.operator.model_sources import ModelMounts
+from governor.operator.pod_hardening import (
+    CONTAINER_SECURITY,
+    POD_SECURITY,
+    TMP_SIZE_LIMIT,
+    TMP_VOLUME,
+    container_env,
+    env_from,
+    tmp_mount,
 )
 from governor.operator.traffic import role_service_name
 from governor.tuner.policy import DEFAULT_BOUNDS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
@@ -76,29 +65,10 @@ PORT = 8000
 PORT_NAME = "http"
 DRAIN_GRACE_S = 30
 TERMINATION_GRACE_S = DRAIN_GRACE_S + 15  # the drain, then time for uvicorn and the process to exit
-MODELS_DIR = "/models"
-HF_DIR = f"{MODELS_DIR}/hf"
-MODEL_CACHE_VOLUME = "model-cache"
 SHM_VOLUME = "dshm"
-TMP_VOLUME = "tmp"
-TMP_SIZE_LIMIT = "4Gi"  # compile caches (Triton, Torch Inductor, CUDA) and the download's metadata
 ADMIN_TOKEN_VOLUME = "admin-token"
 ADMIN_TOKEN_DIR = "/var/run/governor/admin"
 CONTAINER = "engine"
-
-RUN_AS_USER = 10001  # the engine image's user (docker/engine.Dockerfile)
-# What the engine reads of a Hugging Face repository: configs, safetensors weights, tokenizer and chat template
-# files. Other formats of the same weights (e.g. `original/*.pth`) are not downloaded.
-DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
-# The same weights again in another layout (Mistral's consolidated file, Meta's original/ folder).
-SKIPPED_PATTERNS = ["consolidated*", "original/*"]
-INIT_RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}}
-# The emptyDir's sizeLimit from a repository name: parameters ("8B", "0.5B", "135M", "8x7B", "17B-16E") × bytes
-# per parameter. A limit too small gets the pod evicted mid-download, one too large costs nothing (it reserves
-# no space), so it errs large: 4 bytes a parameter (fp32 checkpoints too) plus an eighth for the download's
-# temporary files, experts counted as full models. A name that states no size gets no limit.
-CACHE_BYTES_PER_PARAMETER = 4.5
-_PARAMETERS = re.compile(r"(?<![A-Za-z0-9.])(?:(\d+)x)?(\d+(?:\.\d+)?)([BbMm])(?:-(\d+)[Ee])?(?![A-Za-z0-9])")
 
 LABEL_NAME = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
@@ -220,113 +190,10 @@ def synced_knobs(config_map: Mapping[str, Any], status: Mapping[str, Any] | None
     return None if wanted == current else {k: str(v) for k, v in wanted.items()}
 
 
-# --- model sources ------------------------------------------------------------------------------------
-
-
-def parameters_in_name(repo: str) -> float | None:
-    """Parameters a Hugging Face repository name states ("meta-llama/Llama-3.1-8B" → 8e9, "Mixtral-8x7B" → 5.6e10,
-    "SmolLM2-135M" → 1.35e8); None when it states none."""
-    match = _PARAMETERS.search(repo.rsplit("/", 1)[-1])
-    if match is None:
-        return None
-    experts = int(match[1] or match[4] or 1)
-    return experts * float(match[2]) * (1e9 if match[3] in "Bb" else 1e6)
-
-
-def cache_size(repos: list[str]) -> str | None:
-    """sizeLimit of the download volume for these repositories: `CACHE_BYTES_PER_PARAMETER` per parameter their
-    names state, in whole Gi; None (no limit) when a name states none."""
-    sizes = [parameters_in_name(repo) for repo in repos]
-    if any(params is None for params in sizes):
-        return None
-    return f"{sum(max(1, math.ceil(p * CACHE_BYTES_PER_PARAMETER / 2**30)) for p in sizes if p is not None)}Gi"
-
-
-@dataclass
-class _Mounts:
-    """Volumes, mounts and init containers the model sources need, collected in a stable order."""
-
-    spec: InferenceServiceSpec
-    volumes: list[dict[str, Any]] = field(default_factory=list)
-    mounts: list[dict[str, Any]] = field(default_factory=list)
-    init_containers: list[dict[str, Any]] = field(default_factory=list)
-    claims: dict[str, str] = field(default_factory=dict)  # claim → volume name
-    repos: list[str] = field(default_factory=list)  # hf:// repositories downloaded
-
-    def path_of(self, uri: str, revision: str | None, role: str) -> str:
-        """The model directory inside the pod for `uri`, adding what it needs."""
-        source = parse_model_uri(uri)
-        if source.scheme == "path":
-            return source.path
-        if source.scheme == "pvc":
-            if source.claim not in self.claims:
-                volume = f"model-pvc-{len(self.claims)}"  # claims may hold dots, volume names may not
-                self.claims[source.claim] = volume
-                self.volumes.append({"name": volume, "persistentVolumeClaim": {"claimName": source.claim,
-                                                                               "readOnly": True}})
-                self.mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{source.claim}", "readOnly": True})
-            return f"{MODELS_DIR}/{source.claim}{source.path}"
-        if not self.repos:
-            self.mounts.append({"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR, "readOnly": True})
-        self.repos.append(source.repo)
-        local_dir = f"{HF_DIR}/{source.repo}"
-        rev = source.revision or revision or ""
-        self.init_containers.append({
-            "name": f"fetch-{role}",
-            "image": self.spec.engine.image,
-            # snapshot_download is stable across huggingface_hub releases; its CLI module names are not.
-            "command": ["python", "-c", "import json, sys; from huggingface_hub import snapshot_download; "
-                        "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3], "
-                        "allow_patterns=json.loads(sys.argv[4]), ignore_patterns=json.loads(sys.argv[5]))",
-                        source.repo, rev, local_dir, json.dumps(DOWNLOAD_PATTERNS), json.dumps(SKIPPED_PATTERNS)],
-            "volumeMounts": [{"name": MODEL_CACHE_VOLUME, "mountPath": HF_DIR}, _tmp_mount()],
-            "env": _env(self.spec, []),
-            **({"envFrom": _env_from(self.spec)} if self.spec.engine.env_from else {}),
-            "resources": INIT_RESOURCES,
-            "securityContext": CONTAINER_SECURITY,
-        })
-        return local_dir
-
-    def cache_volume(self) -> dict[str, Any] | None:
-        """The volume hf:// downloads go to: the spec's claim, else an emptyDir sized for the repositories."""
-        if not self.repos:
-            return None
-        cache = self.spec.model.cache
-        if cache is not None and cache.claim_name:
-            return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.claim_name}}
-        size = cache.size if cache is not None and cache.size else cache_size(self.repos)
-        return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size} if size else {}}
-
-
-# --- pod security ---------------------------------------------------------------------------------------
-
-POD_SECURITY = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
-                # a claim used as the model cache is chowned once, not on every mount
-                "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
-CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                      "capabilities": {"drop": ["ALL"]}}
-
-
-def _tmp_mount() -> dict[str, Any]:
-    return {"name": TMP_VOLUME, "mountPath": TMP_DIR}
-
-
-def _env(spec: InferenceServiceSpec, operator_env: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The container's env: the operator's own, the writable locations, then the user's (`spec.engine.env`,
-    which validation keeps off the names the operator sets)."""
-    writable = [{"name": k, "value": v} for k, v in WRITABLE_ENV.items()]
-    user = [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in spec.engine.env]
-    return operator_env + writable + user
-
-
-def _env_from(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    return [s.model_dump(mode="json", by_alias=True, exclude_none=True) for s in spec.engine.env_from]
-
-
 # --- engine arguments ---------------------------------------------------------------------------------
 
 
-def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: _Mounts,
+def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: ModelMounts,
                  knob_value: Mapping[str, str]) -> list[str]:
     """`governor serve` arguments; each knob with a start flag gets `knob_value[knob]`."""
     engine = spec.engine
@@ -423,12 +290,12 @@ def _scheduling(name: str, spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec, revision: str,
-                args: list[str], mounts: _Mounts, replicas: int) -> dict[str, Any]:
+                args: list[str], mounts: ModelMounts, replicas: int) -> dict[str, Any]:
     labels = _labels(name, revision)
     volumes = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}},
                {"name": ADMIN_TOKEN_VOLUME, "secret": {"secretName": admin_secret_name(name), "defaultMode": 0o440,
                                                        "items": [{"key": ADMIN_TOKEN_KEY, "path": ADMIN_TOKEN_KEY}]}}]
-    volume_mounts = [_tmp_mount(), {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True}]
+    volume_mounts = [tmp_mount(), {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True}]
     cache = mounts.cache_volume()
     volumes += mounts.volumes + ([cache] if cache is not None else [])
     volume_mounts += mounts.mounts
@@ -451,7 +318,7 @@ def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         "command": ["governor", "serve"],
         "args": args,
         "ports": [{"name": PORT_NAME, "containerPort": PORT, "protocol": "TCP"}],
-        "env": _env(spec, operator_env),
+        "env": container_env(spec, operator_env),
         "resources": _resources(spec),
         "startupProbe": _http_probe("/health", 10, 180),  # up to 30 minutes to load a model
         "livenessProbe": _http_probe("/health", 10, 3),
@@ -460,7 +327,7 @@ def _deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         "securityContext": CONTAINER_SECURITY,
     }
     if spec.engine.env_from:
-        container["envFrom"] = _env_from(spec)
+        container["envFrom"] = env_from(spec)
     pod: dict[str, Any] = {
         "containers": [container],
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
@@ -510,10 +377,10 @@ def render(name: str, namespace: str, uid: str, generation: int, spec: Inference
     revision = revision_hash(spec)
     knobs = starting_knobs(spec, status)
     started = started_knobs(spec)
-    template_mounts = _Mounts(spec)
+    template_mounts = ModelMounts(spec)
     args = _engine_args(name, spec, revision, template_mounts, {knob: f"$({knob_env(knob)})" for knob in started})
     # The same arguments with the knobs filled in, for humans: what the next pod will run.
-    effective = _engine_args(name, spec, revision, _Mounts(spec),
+    effective = _engine_args(name, spec, revision, ModelMounts(spec),
                              {knob: str(knobs[knob]) for knob in started})
 
     labels = _labels(name, revision)

@@ -39,7 +39,7 @@ import kopf
 from kubernetes import client
 
 from governor import contract
-from governor.operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec, duration_seconds, parse_spec
+from governor.operator.api import GROUP, PLURAL, VERSION, InferenceServiceSpec, duration_seconds
 from governor.operator.render import (
     ADMIN_TOKEN_KEY,
     CONTAINER,
@@ -52,6 +52,7 @@ from governor.operator.render import (
     revision_selector,
 )
 from governor.operator.rollout import ACTIVE as ROLLOUT_ACTIVE
+from governor.operator.validation import parse_spec
 from governor.tuner.actuate import ActuationResult, apply_knobs
 from governor.tuner.loop import Actuator, SignalSource, Tuner, TunerSettings
 from governor.tuner.policy import DEFAULT_BOUNDS, Bounds, Controller, Hold
