@@ -184,37 +184,35 @@ def _max_len(n: int) -> str:
     return f"must be no more than {n} characters"
 
 
+def _name_errors(value: str, max_len: int, pattern: str, message: str, *examples: str) -> list[str]:
+    """The length and format errors of one of the apimachinery name validators."""
+    errs = [_max_len(max_len)] if len(value) > max_len else []
+    if not re.fullmatch(pattern, value):
+        errs.append(_regex_error(message, pattern, *examples))
+    return errs
+
+
 def dns1035_label_errors(value: str) -> list[str]:
     """IsDNS1035Label: lowercase alphanumerics and '-', starting with a letter, at most 63 characters."""
-    errs = [_max_len(63)] if len(value) > 63 else []
-    if not re.fullmatch(_DNS1035, value):
-        errs.append(_regex_error("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start "
-                                 "with an alphabetic character, and end with an alphanumeric character", _DNS1035,
-                                 "my-name", "abc-123"))
-    return errs
+    return _name_errors(value, 63, _DNS1035, "a DNS-1035 label must consist of lower case alphanumeric characters "
+                        "or '-', start with an alphabetic character, and end with an alphanumeric character",
+                        "my-name", "abc-123")
 
 
 def dns1123_label_errors(value: str) -> list[str]:
-    """IsDNS1123Label: lowercase alphanumerics and '-', at most 63 characters."""
-    errs = [_max_len(63)] if len(value) > 63 else []
-    if not re.fullmatch(_DNS1123_LABEL, value):
-        if re.fullmatch(_DNS1123_SUBDOMAIN, value):
-            errs.append("must not contain dots")
-        else:
-            errs.append(_regex_error("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
-                                     "or '-', and must start and end with an alphanumeric character", _DNS1123_LABEL,
-                                     "my-name", "123-abc"))
-    return errs
+    """IsDNS1123Label: lowercase alphanumerics and '-', at most 63 characters (a subdomain's dots are named)."""
+    if re.fullmatch(_DNS1123_SUBDOMAIN, value) and not re.fullmatch(_DNS1123_LABEL, value):
+        return ([_max_len(63)] if len(value) > 63 else []) + ["must not contain dots"]
+    return _name_errors(value, 63, _DNS1123_LABEL, "a lowercase RFC 1123 label must consist of lower case "
+                        "alphanumeric characters or '-', and must start and end with an alphanumeric character",
+                        "my-name", "123-abc")
 
 
 def dns1123_subdomain_errors(value: str) -> list[str]:
     """IsDNS1123Subdomain: dot-separated DNS-1123 labels, at most 253 characters."""
-    errs = [_max_len(253)] if len(value) > 253 else []
-    if not re.fullmatch(_DNS1123_SUBDOMAIN, value):
-        errs.append(_regex_error("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-                                 "'-' or '.', and must start and end with an alphanumeric character",
-                                 _DNS1123_SUBDOMAIN, "example.com"))
-    return errs
+    return _name_errors(value, 253, _DNS1123_SUBDOMAIN, "a lowercase RFC 1123 subdomain must consist of lower case "
+                        "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                        "example.com")
 
 
 def _qualified_name_errors(value: str) -> list[str]:
