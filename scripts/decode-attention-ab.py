@@ -1,14 +1,17 @@
-"""A/B of decode attention launch settings, alternated in one process (issue 9).
+"""A/B of decode attention launch settings, alternated in one process.
 
     python3 scripts/decode-attention-ab.py OUT_JSON [--rounds 2] [--iters 50] [--groups fp8,bf16]
-                                           [--cases BATCHES] [--baseline FILE] [--variants NAMES] [--kernels]
+                                           [--cases BATCHES] [--baseline PATH] [--variants NAMES] [--kernels]
 
-`--baseline FILE`: another version of paged_attention.py (e.g. `git show REV:kernels/governor/kernels/paged_attention.py
-> FILE`), loaded as its own module and timed first in every group as the variant "baseline", with its own defaults.
+`--baseline PATH`: another version of the paged attention code, loaded as its own package and timed first in every
+group as the variant "baseline", with its own defaults: a copy of the package directory (e.g. `git archive REV
+kernels/governor/kernels/paged_attention | tar -x -C DIR`, then DIR/kernels/governor/kernels/paged_attention), or
+the single file `paged_attention.py` of a revision from before the package.
 
-Each variant sets module attributes of governor.kernels.paged_attention (register cap, warps, tile, split heuristic,
-or a function such as `_needs_int64_offsets`) before the calls and the defaults are restored after; a variant that
-sets nothing is the code as it is.
+Each variant sets module attributes of the package's submodules, named `module.attribute` (register cap, warps, tile,
+split heuristic, or a function such as `decode._needs_int64_offsets`): each on the submodule that reads it at call
+time. They are set before the calls and the defaults are restored after; a variant that sets nothing is the code as
+it is.
 Cases: the attention target (batch 32, 4K and 32K, 32:8 heads), the throughput workload's shape (batch 256, 612 and
 1,024 tokens, 16:8 heads), unsplit launches of fewer programs (batch 48 and 64 at 4K, 32:8; 128 at 1,024, 160 and 192
 at 612, 16:8) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
@@ -21,10 +24,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import importlib.util
 import json
 import math
+import sys
 import time
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -37,22 +44,22 @@ from governor.engine.bench_throughput import hardware
 # How split launches merge their partials ("cur": folded into the decode kernel up to 8 splits, else the reduce kernel
 # under programmatic dependent launch).
 MERGES: dict[str, dict[str, Any]] = {
-    "reduce": {"_DECODE_FOLD_MAX_SPLITS": 0, "_DECODE_REDUCE_PDL": False},  # before the ninth pass
-    "reduce-pdl": {"_DECODE_FOLD_MAX_SPLITS": 0},
-    "fold-all": {"_DECODE_FOLD_MAX_SPLITS": 64},
+    "reduce": {"decode._DECODE_FOLD_MAX_SPLITS": 0, "decode._DECODE_REDUCE_PDL": False},  # the merge before the fold
+    "reduce-pdl": {"decode._DECODE_FOLD_MAX_SPLITS": 0},
+    "fold-all": {"decode._DECODE_FOLD_MAX_SPLITS": 64},
 }
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
-        "triton-kernel": {"_GLUON_DECODE": False},  # the Triton kernel where the Gluon one runs (tenth pass)
-        "gluon-narrow32": {"_GLUON_DECODE_TILE_N_NARROW": 32},
-        "gluon-wide32": {"_GLUON_DECODE_TILE_N_WIDE": 32},
-        "gluon-wide64": {"_GLUON_DECODE_TILE_N_WIDE": 64},
-        "gluon-s2": {"_GLUON_DECODE_STAGES": 2},
-        "gluon-wide-cap168": {"_GLUON_DECODE_MAXNREG_WIDE": 168},  # the cap call 4 measured (as its "cur")
-        "gluon-s4": {"_GLUON_DECODE_STAGES": 4},
-        "wide-always": {"_DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
-        "wide-never": {"_DECODE_WIDE_MIN_WAVE_FILL": 2.0},
+        "triton-kernel": {"gluon_decode._GLUON_DECODE": False},  # the Triton kernel where the Gluon one runs
+        "gluon-narrow32": {"gluon_decode._GLUON_DECODE_TILE_N_NARROW": 32},
+        "gluon-wide32": {"gluon_decode._GLUON_DECODE_TILE_N_WIDE": 32},
+        "gluon-wide64": {"gluon_decode._GLUON_DECODE_TILE_N_WIDE": 64},
+        "gluon-s2": {"gluon_decode._GLUON_DECODE_STAGES": 2},
+        "gluon-wide-cap168": {"gluon_decode._GLUON_DECODE_MAXNREG_WIDE": 168},  # the 16-key launches under a cap
+        "gluon-s4": {"gluon_decode._GLUON_DECODE_STAGES": 4},
+        "wide-always": {"decode._DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
+        "wide-never": {"decode._DECODE_WIDE_MIN_WAVE_FILL": 2.0},
         **MERGES,
     },
     "bf16": {
@@ -63,6 +70,31 @@ GROUPS: dict[str, dict[str, dict[str, Any]]] = {
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (48, 4096, 32, 8),
           (64, 4096, 32, 8), (128, 1024, 16, 8), (160, 612, 16, 8), (192, 612, 16, 8), (1, 32768, 32, 8),
           (8, 4096, 32, 8), (16, 8192, 32, 8)]
+
+
+def setting_module(setting: str) -> ModuleType:
+    """The submodule of governor.kernels.paged_attention a setting `module.attribute` lives on."""
+    return importlib.import_module(f"{pa.__name__}.{setting.split('.')[0]}")
+
+
+def _set(setting: str, value: Any) -> None:
+    setattr(setting_module(setting), setting.split(".", 1)[1], value)
+
+
+def _load_baseline(path: str) -> ModuleType:
+    """Another version of the code, as a package of its own (its submodules import each other relatively), or a
+    single-file module of a revision from before the package."""
+    p = Path(path)
+    name = "paged_attention_baseline"
+    if p.is_dir():
+        spec = importlib.util.spec_from_file_location(name, p / "__init__.py", submodule_search_locations=[str(p)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, p)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _splits(mod: Any, programs: int, context: int, device: torch.device, fp8: bool) -> int:
@@ -81,20 +113,17 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--groups", default="fp8,bf16")
     parser.add_argument("--cases", default="", help="only the shapes whose batch is in this comma list")
-    parser.add_argument("--baseline", help="another paged_attention.py to time as the variant 'baseline'")
+    parser.add_argument("--baseline", help="another version of the package (a directory) or of paged_attention.py "
+                                           "(a file) to time as the variant 'baseline'")
     parser.add_argument("--variants", default="", help="only these variants (comma list; default: all of the group)")
     parser.add_argument("--kernels", action="store_true",
                         help="also the call's kernels' device time, median of 20 calls (bench_attention.kernel_times)")
     args = parser.parse_args()
-    baseline = None
-    if args.baseline:
-        spec = importlib.util.spec_from_file_location("paged_attention_baseline", args.baseline)
-        assert spec is not None and spec.loader is not None
-        baseline = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(baseline)
+    baseline = _load_baseline(args.baseline) if args.baseline else None
     device = torch.device("cuda")
     hbm = hbm_bandwidth_gb_per_s()
-    defaults = {name: getattr(pa, name) for group in GROUPS.values() for v in group.values() for name in v}
+    defaults = {name: getattr(setting_module(name), name.split(".", 1)[1])
+                for group in GROUPS.values() for v in group.values() for name in v}
     rows: list[dict[str, Any]] = []
     result = {"hardware": hardware(), "hbm_copy_gb_per_s": hbm, "rows": rows,
               "defaults": {k: repr(v) for k, v in defaults.items()},
@@ -111,8 +140,8 @@ def main() -> None:
             for rnd in range(args.rounds):
                 runs: dict[str, dict[str, Any] | None] = {"baseline": None} if baseline else {}
                 for name, settings in {**runs, **variants}.items():
-                    for attr, value in {**defaults, **(settings or {})}.items():
-                        setattr(pa, attr, value)
+                    for setting, value in {**defaults, **(settings or {})}.items():
+                        _set(setting, value)
                     mod = pa if settings is not None or baseline is None else baseline
                     out = torch.empty_like(x["q"])
                     call = functools.partial(
@@ -139,8 +168,8 @@ def main() -> None:
                         json.dump(result, f, indent=2)
             x.clear()
             torch.cuda.empty_cache()
-    for attr, value in defaults.items():
-        setattr(pa, attr, value)
+    for setting, value in defaults.items():
+        _set(setting, value)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The decode attention kernel's machine code for sm_90 without a GPU: registers, spills, shared memory and the
-instruction mix of its main loop (issue 9).
+instruction mix of its main loop.
 
     python3 scripts/decode-sass.py [--kv-dtype fp8|bf16] [--tile N] [--group G] [--head-dim D] [--block-size B]
                                    [--num-warps W] [--num-stages S] [--maxnreg R] [--offsets-64]
@@ -7,12 +7,13 @@ instruction mix of its main loop (issue 9).
                                    [--splits N] [--top 25]
 
 Tile, warps, stages and register cap default to what `paged_decode_attention` launches with for the dtype and split
-or not (`_decode_tile`, `_decode_launch_options`; `--no-split` takes the settings of wide launches, the unsplit ones
-with enough programs). Compiles `_decode_kernel` with Triton for sm_90a (the pointer and stride arguments marked
-16-divisible, as Triton's launcher specializes them at run time), runs the ptxas and nvdisasm that ship with Triton,
-and prints the registers, spill bytes and shared memory of the compiled kernel and a histogram of the SASS
-instructions in its longest loop (the loop over K/V tiles): per-tile instruction counts per warp. Needs no CUDA
-device; the numbers are the compiler's, not a measurement of time.
+or not (`decode._decode_tile`, `decode._decode_launch_options`; `--no-split` takes the settings of wide launches, the
+unsplit ones with enough programs). Compiles `decode._decode_kernel` (with `--gluon`,
+`gluon_decode._gluon_decode_kernel`) of governor.kernels.paged_attention with Triton for sm_90a (the pointer and
+stride arguments marked 16-divisible, as Triton's launcher specializes them at run time), runs the ptxas and nvdisasm
+that ship with Triton, and prints the registers, spill bytes and shared memory of the compiled kernel and a histogram
+of the SASS instructions in its longest loop (the loop over K/V tiles): per-tile instruction counts per warp. Needs no
+CUDA device; the numbers are the compiler's, not a measurement of time.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import governor.kernels.paged_attention as pa
+from governor.kernels.paged_attention import decode, gluon_decode, tiles
 
 _NOT_DIVISIBLE = {"qk_scale", "num_splits"}
 
 
 def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
-    fn = pa._decode_kernel
+    fn = decode._decode_kernel
     fp8 = args.kv_dtype == "fp8"
     kv = "fp8e4nv" if fp8 else args.kv_dtype
     q = "fp16" if args.kv_dtype == "fp16" else "bf16"  # q's dtype is the cache's, bf16 over fp8 (as the engine runs)
@@ -44,9 +45,9 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
            "qk_scale": "fp32"}
     for name in fn.arg_names:
         sig.setdefault(name, "i32")
-    group_pad = max(pa._MIN_DOT, triton.next_power_of_2(args.group))
+    group_pad = max(tiles._MIN_DOT, triton.next_power_of_2(args.group))
     constants = {"GROUP": args.group, "GROUP_PAD": group_pad, "BLOCK_SIZE": args.block_size, "TILE_N": args.tile,
-                 "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": pa._TILE_N, "KV_FP8": fp8,
+                 "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": tiles._TILE_N, "KV_FP8": fp8,
                  "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False, "OFFSETS_64": args.offsets_64,
                  "SPLITS_PAD": triton.next_power_of_2(args.splits), "FOLD": args.merge == "fold",
                  "PDL": args.merge == "pdl"}
@@ -62,20 +63,21 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
 
 
 def compile_gluon_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
-    """The Gluon fp8 decode kernel (`_gluon_decode_kernel`), as `paged_decode_attention` launches it on sm_90+."""
+    """The Gluon fp8 decode kernel (`gluon_decode._gluon_decode_kernel`), as `paged_decode_attention` launches it on
+    sm_90."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = pa._gluon_decode_kernel
+    fn = gluon_decode._gluon_decode_kernel
     sig = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv", "block_tables_ptr": "*i32",
            "seq_lens_ptr": "*i32", "out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
            "part_l_ptr": "*fp32", "counter_ptr": "*i32", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32",
            "qk_scale": "fp32"}
     for name in fn.arg_names:
         sig.setdefault(name, "i32")
-    mma, a_op, b_op, k_load, v_load = pa._gluon_decode_layouts(args.tile, args.head_dim)
+    mma, a_op, b_op, k_load, v_load = gluon_decode._gluon_decode_layouts(args.tile, args.head_dim)
     constants = {"GROUP": args.group, "GROUP_PAD": triton.next_power_of_2(args.group), "BLOCK_SIZE": args.block_size,
                  "TILE_N": args.tile, "HEAD_DIM": args.head_dim, "STAGES": args.num_stages, "SPLIT": args.split,
-                 "TILE_ALIGN": pa._TILE_N, "Q_BF16": True, "OFFSETS_64": args.offsets_64,
+                 "TILE_ALIGN": tiles._TILE_N, "Q_BF16": True, "OFFSETS_64": args.offsets_64,
                  "FOLD": args.split and args.merge == "fold", "PDL": args.split and args.merge == "pdl",
                  "MMA": mma, "A": a_op, "B": b_op, "KL": k_load, "VL": v_load}
     for name in constants:
@@ -153,18 +155,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.gluon:
         args.kv_dtype = "fp8"
-        args.tile = args.tile or pa._GLUON_DECODE_TILE_N_NARROW
-        args.num_stages = args.num_stages or pa._GLUON_DECODE_STAGES
+        args.tile = args.tile or gluon_decode._GLUON_DECODE_TILE_N_NARROW
+        args.num_stages = args.num_stages or gluon_decode._GLUON_DECODE_STAGES
         args.num_warps = 1
         if args.maxnreg is None:  # as launched: the cap applies to the wide launches' tile
-            args.maxnreg = pa._GLUON_DECODE_MAXNREG_WIDE if args.tile == pa._GLUON_DECODE_TILE_N_WIDE else None
+            wide = args.tile == gluon_decode._GLUON_DECODE_TILE_N_WIDE
+            args.maxnreg = gluon_decode._GLUON_DECODE_MAXNREG_WIDE if wide else None
         args.maxnreg = args.maxnreg or None
         kernel = compile_gluon_decode(args)
         _report(args, kernel)
         return
     if args.tile is None:
-        args.tile = pa._decode_tile(args.kv_dtype == "fp8", not args.split)
-    launch = pa._decode_launch_options(args.kv_dtype == "fp8", not args.split)
+        args.tile = decode._decode_tile(args.kv_dtype == "fp8", not args.split)
+    launch = decode._decode_launch_options(args.kv_dtype == "fp8", not args.split)
     args.num_warps = args.num_warps or launch["num_warps"]
     args.num_stages = args.num_stages or launch.get("num_stages", 3)
     args.maxnreg = launch.get("maxnreg") if args.maxnreg is None else args.maxnreg or None

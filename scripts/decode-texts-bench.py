@@ -1,4 +1,4 @@
-"""Host time of detokenizing finished and streamed outputs, three ways (issue 9, ninth pass; CPU).
+"""Host time of detokenizing finished and streamed outputs, three ways (CPU).
 
     python3 scripts/decode-texts-bench.py TOKENIZER_DIR [--lists 256] [--tokens 1024] [--repeats 7]
 

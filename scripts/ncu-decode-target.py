@@ -1,4 +1,4 @@
-"""One decode-attention call for Nsight Compute to profile, after two warm-up calls (issue 9).
+"""One decode-attention call for Nsight Compute to profile, after two warm-up calls.
 
     ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
         --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \

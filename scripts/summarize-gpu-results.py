@@ -1,4 +1,4 @@
-"""Print a summary of the results a deadline-driven GPU script gathered (scripts/gpu-issue9-*.sh):
+"""Print a summary of the results a deadline-driven GPU script gathered (scripts/gpu-*.sh):
 
     python3 scripts/summarize-gpu-results.py RESULTS_DIR
 

@@ -17,6 +17,13 @@ import pytest
 import torch
 
 from governor.kernels import paged_attention as pa
+from governor.kernels.elementwise import INTERPRET
+from governor.kernels.paged_attention import checks as pa_checks
+from governor.kernels.paged_attention import decode as pa_decode
+from governor.kernels.paged_attention import gluon_decode as pa_gluon
+from governor.kernels.paged_attention import prefill as pa_prefill
+from governor.kernels.paged_attention import splits as pa_splits
+from governor.kernels.paged_attention import tiles as pa_tiles
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 # (atol, rtol): fp32 is exact math; half types round P to 8 (bf16) or 11 (fp16) mantissa bits.
@@ -26,7 +33,7 @@ E4M3_HALF_STEP = 2.0**-4  # round to nearest with 3 mantissa bits: relative erro
 E4M3_HALF_SUBNORMAL_STEP = 2.0**-10  # below 2^-6 the step is a fixed 2^-9 (times the scale)
 
 needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or pa.INTERPRET),
+    not (torch.cuda.is_available() or INTERPRET),
     reason="no CUDA and TRITON_INTERPRET is not 1 (it was set to something else before import)",
 )
 
@@ -319,22 +326,22 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     # One kv head, two sequences: few programs and a 2048-token table capacity -> several partitions,
     # most of them past the short sequence's end.
     case = PagedCase([700, 30], 1, 16, 16, torch.float32, spare_table_entries=128 - 44)
-    assert case.block_tables.shape[1] * 16 >= 2 * pa._SPLIT_MIN_PARTITION
-    assert pa._choose_num_splits(2, 2048, torch.device("cpu")) > 1
+    assert case.block_tables.shape[1] * 16 >= 2 * pa_splits._SPLIT_MIN_PARTITION
+    assert pa_splits._choose_num_splits(2, 2048, torch.device("cpu")) > 1
     _decode_against_ref(case, 2, None)
 
 
 def test_fold_counters_grow_into_new_zeroed_ones_and_keep_the_old(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pa, "_FOLD_COUNTERS", {})
-    monkeypatch.setattr(pa, "_RETIRED_FOLD_COUNTERS", [])
+    monkeypatch.setattr(pa_decode, "_FOLD_COUNTERS", {})
+    monkeypatch.setattr(pa_decode, "_RETIRED_FOLD_COUNTERS", [])
     cpu = torch.device("cpu")
-    first = pa._fold_counters(cpu, 10)
-    assert first.numel() == 4096 and pa._fold_counters(cpu, 4096) is first
+    first = pa_decode._fold_counters(cpu, 10)
+    assert first.numel() == 4096 and pa_decode._fold_counters(cpu, 4096) is first
     first[3] = 7  # as if a graph captured with these counters held state
-    grown = pa._fold_counters(cpu, 5000)
+    grown = pa_decode._fold_counters(cpu, 5000)
     assert grown.numel() == 5000 and not grown.any()
-    assert len(pa._RETIRED_FOLD_COUNTERS) == 1 and pa._RETIRED_FOLD_COUNTERS[0] is first
-    assert pa._fold_counters(cpu, 10) is grown
+    assert len(pa_decode._RETIRED_FOLD_COUNTERS) == 1 and pa_decode._RETIRED_FOLD_COUNTERS[0] is first
+    assert pa_decode._fold_counters(cpu, 10) is grown
 
 
 # How split launches merge: (_DECODE_FOLD_MAX_SPLITS, _DECODE_REDUCE_PDL). PDL needs a GPU (off under the interpreter).
@@ -348,21 +355,21 @@ def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyP
     # Three splits of contexts below and past a partition, an empty sequence among them; twice, since the fold's
     # arrival counters must be back at zero for the next call.
     fold_max, pdl = MERGES[merge]
-    monkeypatch.setattr(pa, "_DECODE_FOLD_MAX_SPLITS", fold_max)
-    monkeypatch.setattr(pa, "_DECODE_REDUCE_PDL", pdl)
-    decode, reduce = LaunchSpy(pa._decode_kernel), LaunchSpy(pa._decode_reduce_kernel)
-    monkeypatch.setattr(pa, "_decode_kernel", decode)
-    monkeypatch.setattr(pa, "_decode_reduce_kernel", reduce)
+    monkeypatch.setattr(pa_decode, "_DECODE_FOLD_MAX_SPLITS", fold_max)
+    monkeypatch.setattr(pa_decode, "_DECODE_REDUCE_PDL", pdl)
+    decode, reduce = LaunchSpy(pa_decode._decode_kernel), LaunchSpy(pa_decode._decode_reduce_kernel)
+    monkeypatch.setattr(pa_decode, "_decode_kernel", decode)
+    monkeypatch.setattr(pa_decode, "_decode_reduce_kernel", reduce)
     case = PagedCase([1, 16, 0, 37, 130], 2, 16, 16, torch.float32, spare_table_entries=10)
     kv = quantize_fp8(case) if fp8 else None
     for _ in range(2):
         _decode_against_ref(case, 4, 3, fp8=kv, q_dtype=torch.bfloat16 if fp8 else None)
     assert [k["FOLD"] for k in decode.launches] == [merge == "fold"] * 2
     assert len(reduce.launches) == (0 if merge == "fold" else 2)
-    pdl_on = pdl and pa._has_pdl(DEVICE)
+    pdl_on = pdl and pa_decode._has_pdl(DEVICE)
     assert all(k["PDL"] is pdl_on and k.get("launch_pdl", False) is pdl_on for k in reduce.launches)
     if merge == "fold":
-        assert not pa._FOLD_COUNTERS[case.seq_lens.device].any()
+        assert not pa_decode._FOLD_COUNTERS[case.seq_lens.device].any()
 
 
 @needs_triton
@@ -370,9 +377,9 @@ def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyP
 def test_split_launches_fold_their_merge_up_to_8_splits(monkeypatch: pytest.MonkeyPatch, num_splits: int,
                                                         longest: int, folds: bool) -> None:
     # The settings as they ship: 8 splits merge inside the decode kernel, 9 in the reduce kernel.
-    decode, reduce = LaunchSpy(pa._decode_kernel), LaunchSpy(pa._decode_reduce_kernel)
-    monkeypatch.setattr(pa, "_decode_kernel", decode)
-    monkeypatch.setattr(pa, "_decode_reduce_kernel", reduce)
+    decode, reduce = LaunchSpy(pa_decode._decode_kernel), LaunchSpy(pa_decode._decode_reduce_kernel)
+    monkeypatch.setattr(pa_decode, "_decode_kernel", decode)
+    monkeypatch.setattr(pa_decode, "_decode_reduce_kernel", reduce)
     # Tables of 32 / 36 blocks (512 / 576 keys): 8 / 9 partitions of 64 keys, every one of them run.
     case = PagedCase([longest, 30], 1, 16, 16, torch.float32, spare_table_entries=0)
     assert pa.decode_num_splits(2, case.block_tables.shape[1] * 16, DEVICE, num_splits) == num_splits
@@ -380,8 +387,8 @@ def test_split_launches_fold_their_merge_up_to_8_splits(monkeypatch: pytest.Monk
     (launch,) = decode.launches
     assert launch["SPLIT"] and launch["FOLD"] is folds
     assert len(reduce.launches) == (not folds)
-    # The issue's shapes on 132 SMs: batch 32 x 8 kv heads at 4K and batch 8 at 4K fold (2 and 8 splits), batch 1 at
-    # 32K (64 splits) does not.
+    # The attention target's shapes on 132 SMs: batch 32 x 8 kv heads at 4K and batch 8 at 4K fold (2 and 8 splits),
+    # batch 1 at 32K (64 splits) does not.
     cpu = torch.device("cpu")
     assert [pa.decode_num_splits(b * 8, c, cpu, fp8=True) for b, c in ((32, 4096), (8, 4096), (1, 32768))] == [2, 8, 64]
 
@@ -393,28 +400,28 @@ def test_split_launches_fold_their_merge_up_to_8_splits(monkeypatch: pytest.Monk
 
 def test_gluon_decode_takes_fp8_caches_with_half_q_head_dims_64_128_and_groups_up_to_16_on_sm90(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pa, "INTERPRET", False)
+    monkeypatch.setattr(pa_gluon, "INTERPRET", False)
     capability = {"value": (9, 0)}
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
     cuda, bf16, fp16 = torch.device("cuda"), torch.bfloat16, torch.float16
 
     def takes(device: torch.device = cuda, q: torch.dtype = bf16, kv: torch.dtype = FP8, head_dim: int = 128,
               group: int = 4) -> bool:
-        return pa._gluon_decode(device, q, kv, head_dim, group, caches_aligned=True)
+        return pa_gluon._gluon_decode(device, q, kv, head_dim, group, caches_aligned=True)
 
     assert takes() and takes(q=fp16) and takes(head_dim=64) and takes(group=1) and takes(group=16)
     assert not takes(q=torch.float32)  # fp32 q keeps the Triton kernel's tf32/fp32 products
     assert not takes(kv=bf16) and not takes(head_dim=256) and not takes(head_dim=32) and not takes(group=32)
     assert not takes(device=torch.device("cpu"))
-    assert not pa._gluon_decode(cuda, bf16, FP8, 128, 4, caches_aligned=False)
+    assert not pa_gluon._gluon_decode(cuda, bf16, FP8, 128, 4, caches_aligned=False)
     for other in ((8, 9), (10, 0), (12, 0)):
         capability["value"] = other
         assert not takes()  # measured and tested on sm_90 only
     capability["value"] = (9, 0)
-    monkeypatch.setattr(pa, "_GLUON_DECODE", False)
+    monkeypatch.setattr(pa_gluon, "_GLUON_DECODE", False)
     assert not takes()
-    monkeypatch.setattr(pa, "_GLUON_DECODE", True)
-    monkeypatch.setattr(pa, "INTERPRET", True)
+    monkeypatch.setattr(pa_gluon, "_GLUON_DECODE", True)
+    monkeypatch.setattr(pa_gluon, "INTERPRET", True)
     assert not takes()  # Gluon has no interpreter: CPU runs take the Triton kernel
 
 
@@ -422,27 +429,27 @@ def test_gluon_decode_needs_16_byte_aligned_cache_rows() -> None:
     # Its copies move 16 bytes: a head stride of 136 (a padded view) or a cache starting 1 byte in must go to the
     # Triton kernel (a 1-byte cp.async does not compile).
     cache = torch.zeros(4, 16, 8, 128, dtype=FP8)
-    assert pa._gluon_caches_aligned(cache, cache.clone())
+    assert pa_gluon._gluon_caches_aligned(cache, cache.clone())
     padded = torch.zeros(4, 16, 8, 136, dtype=FP8)[..., :128]
-    assert not pa._gluon_caches_aligned(cache, padded)
+    assert not pa_gluon._gluon_caches_aligned(cache, padded)
     shifted = torch.zeros(4 * 16 * 8 * 128 + 1, dtype=FP8)[1:].view(4, 16, 8, 128)
-    assert not pa._gluon_caches_aligned(shifted, cache)
+    assert not pa_gluon._gluon_caches_aligned(shifted, cache)
 
 
 def test_gluon_decode_launches_that_fit_one_wave_of_4_programs_per_sm_take_64_keys_a_step_larger_ones_16() -> None:
     cpu = torch.device("cpu")  # 132 SMs off CUDA: 528 programs a wave
-    assert pa._gluon_decode_tile(1, cpu) == pa._gluon_decode_tile(528, cpu) == 64
-    assert pa._gluon_decode_tile(529, cpu) == pa._gluon_decode_tile(2048, cpu) == 16
+    assert pa_gluon._gluon_decode_tile(1, cpu) == pa_gluon._gluon_decode_tile(528, cpu) == 64
+    assert pa_gluon._gluon_decode_tile(529, cpu) == pa_gluon._gluon_decode_tile(2048, cpu) == 16
     # Every split launch fits (its split count is chosen so); the throughput workload's batch 256 does not.
     for batch, context in ((32, 4096), (32, 32768), (8, 4096), (1, 32768), (16, 8192)):
         splits = pa.decode_num_splits(batch * 8, context, cpu, fp8=True)
-        assert splits > 1 and pa._gluon_decode_tile(batch * 8 * splits, cpu) == 64
-    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and pa._gluon_decode_tile(256 * 8, cpu) == 16
+        assert splits > 1 and pa_gluon._gluon_decode_tile(batch * 8 * splits, cpu) == 64
+    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and pa_gluon._gluon_decode_tile(256 * 8, cpu) == 16
 
 
 @pytest.mark.parametrize(("tile", "head_dim", "group", "merge"), [
-    (pa._GLUON_DECODE_TILE_N_NARROW, 128, 4, "fold"), (pa._GLUON_DECODE_TILE_N_WIDE, 128, 8, "pdl"),
-    (pa._GLUON_DECODE_TILE_N_NARROW, 64, 1, "reduce"), (pa._GLUON_DECODE_TILE_N_WIDE, 128, 2, "unsplit")])
+    (pa_gluon._GLUON_DECODE_TILE_N_NARROW, 128, 4, "fold"), (pa_gluon._GLUON_DECODE_TILE_N_WIDE, 128, 8, "pdl"),
+    (pa_gluon._GLUON_DECODE_TILE_N_NARROW, 64, 1, "reduce"), (pa_gluon._GLUON_DECODE_TILE_N_WIDE, 128, 2, "unsplit")])
 def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile: int, head_dim: int, group: int,
                                                                             merge: str) -> None:
     # Compiled by scripts/decode-sass.py with Triton's ptxas for sm_90a (no GPU; in a process without the
@@ -459,8 +466,9 @@ def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile
     header = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", run.stdout)
     assert header is not None, run.stdout
     # The 16-key program runs at ptxas's choice, 128 registers and a few spilled bytes: faster than 139 without
-    # spills (the kernel module's notes on _GLUON_DECODE_MAXNREG_WIDE); the 64-key one spills nothing.
-    spill_limit = 64 if tile == pa._GLUON_DECODE_TILE_N_WIDE and pa._GLUON_DECODE_MAXNREG_WIDE is None else 0
+    # spills (gluon_decode's notes on _GLUON_DECODE_MAXNREG_WIDE); the 64-key one spills nothing.
+    uncapped_wide = tile == pa_gluon._GLUON_DECODE_TILE_N_WIDE and pa_gluon._GLUON_DECODE_MAXNREG_WIDE is None
+    spill_limit = 64 if uncapped_wide else 0
     assert int(header.group(1)) <= 255 and int(header.group(2)) <= spill_limit and int(header.group(3)) <= spill_limit
     ops = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s+(\d+)\s+(\S+)$", run.stdout, re.MULTILINE)}
 
@@ -482,10 +490,10 @@ def test_int64_offsets_are_used_exactly_when_an_offset_can_reach_2_to_the_31() -
     def cache(num_blocks: int, dtype: torch.dtype = FP8) -> torch.Tensor:
         return torch.empty(num_blocks, 16, 8, 128, dtype=dtype, device="meta")  # 16,384 elements a block
 
-    assert not pa._needs_int64_offsets(cache(2**17))  # last offset 2^31 - 1
-    assert pa._needs_int64_offsets(cache(2**17 + 1))
-    assert pa._needs_int64_offsets(cache(16), cache(2**18, torch.bfloat16))  # either cache decides
-    assert not pa._needs_int64_offsets(cache(0))
+    assert not pa_checks._needs_int64_offsets(cache(2**17))  # last offset 2^31 - 1
+    assert pa_checks._needs_int64_offsets(cache(2**17 + 1))
+    assert pa_checks._needs_int64_offsets(cache(16), cache(2**18, torch.bfloat16))  # either cache decides
+    assert not pa_checks._needs_int64_offsets(cache(0))
 
 
 class LaunchSpy:
@@ -507,11 +515,12 @@ class LaunchSpy:
 @pytest.mark.parametrize("big", [False, True], ids=["int32", "int64"])
 def test_decode_and_prefill_launch_the_offset_width_the_caches_need(monkeypatch: pytest.MonkeyPatch,
                                                                     big: bool) -> None:
-    decode, prefill = LaunchSpy(pa._decode_kernel), LaunchSpy(pa._prefill_kernel)
-    monkeypatch.setattr(pa, "_decode_kernel", decode)
-    monkeypatch.setattr(pa, "_prefill_kernel", prefill)
+    decode, prefill = LaunchSpy(pa_decode._decode_kernel), LaunchSpy(pa_prefill._prefill_kernel)
+    monkeypatch.setattr(pa_decode, "_decode_kernel", decode)
+    monkeypatch.setattr(pa_prefill, "_prefill_kernel", prefill)
     if big:  # as if a cache had 2^31 elements (one that size cannot be allocated here)
-        monkeypatch.setattr(pa, "_needs_int64_offsets", lambda *caches: True)
+        for launcher in (pa_decode, pa_prefill):
+            monkeypatch.setattr(launcher, "_needs_int64_offsets", lambda *caches: True)
     case = PagedCase([5, 40], 2, 16, 8, torch.float32)
     _decode_against_ref(case, 4, 1)
     _prefill_against_ref(case, [5, 7], 4)
@@ -525,46 +534,47 @@ def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.Monkey
     # casts themselves need a real 2^31-element cache: test_gpu_fp8_decode_past_2_to_the_31_elements.)
     case = PagedCase([1, 16, 37, 130], 2, 32, 16, torch.float32, spare_table_entries=10)
     quantized = quantize_fp8(case) if fp8 else None
-    monkeypatch.setattr(pa, "_needs_int64_offsets", lambda *caches: True)
+    for launcher in (pa_decode, pa_prefill):
+        monkeypatch.setattr(launcher, "_needs_int64_offsets", lambda *caches: True)
     q_dtype = torch.bfloat16 if fp8 else None
     _decode_against_ref(case, 8, 3, fp8=quantized, q_dtype=q_dtype)
     _prefill_against_ref(case, [1, 16, 20, 3], 8, fp8=quantized, q_dtype=q_dtype)
 
 
 def test_decode_register_cap_applies_to_narrow_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pa, "INTERPRET", False)
-    assert pa._decode_launch_options(fp8=True, wide=False)["maxnreg"] == pa._DECODE_MAXNREG_FP8
-    assert pa._DECODE_WIDE_MAXNREG_FP8 is None  # wide: the compiler's count (a cap of 168 spilled)
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True, wide=True)
-    assert "maxnreg" not in pa._decode_launch_options(fp8=False, wide=False)
-    monkeypatch.setattr(pa, "INTERPRET", True)  # the interpreter takes no register cap
-    assert "maxnreg" not in pa._decode_launch_options(fp8=True, wide=False)
+    monkeypatch.setattr(pa_decode, "INTERPRET", False)
+    assert pa_decode._decode_launch_options(fp8=True, wide=False)["maxnreg"] == pa_decode._DECODE_MAXNREG_FP8
+    assert pa_decode._DECODE_WIDE_MAXNREG_FP8 is None  # wide: the compiler's count (a cap of 168 spilled)
+    assert "maxnreg" not in pa_decode._decode_launch_options(fp8=True, wide=True)
+    assert "maxnreg" not in pa_decode._decode_launch_options(fp8=False, wide=False)
+    monkeypatch.setattr(pa_decode, "INTERPRET", True)  # the interpreter takes no register cap
+    assert "maxnreg" not in pa_decode._decode_launch_options(fp8=True, wide=False)
 
 
 def test_fp8_decode_launches_take_warps_and_tiles_by_width_and_16_bit_ones_one_setting() -> None:
-    narrow, wide = (pa._decode_launch_options(fp8=True, wide=w) for w in (False, True))
-    assert (narrow["num_warps"], pa._decode_tile(True, False)) == (pa._DECODE_NUM_WARPS_FP8, pa._DECODE_TILE_N_FP8)
-    assert (wide["num_warps"], pa._decode_tile(True, True)) == (pa._DECODE_WIDE_NUM_WARPS_FP8,
-                                                                 pa._DECODE_WIDE_TILE_N_FP8)
-    assert narrow["num_stages"] == wide["num_stages"] == pa._DECODE_NUM_STAGES_FP8
+    d = pa_decode
+    narrow, wide = (d._decode_launch_options(fp8=True, wide=w) for w in (False, True))
+    assert (narrow["num_warps"], d._decode_tile(True, False)) == (d._DECODE_NUM_WARPS_FP8, d._DECODE_TILE_N_FP8)
+    assert (wide["num_warps"], d._decode_tile(True, True)) == (d._DECODE_WIDE_NUM_WARPS_FP8, d._DECODE_WIDE_TILE_N_FP8)
+    assert narrow["num_stages"] == wide["num_stages"] == d._DECODE_NUM_STAGES_FP8
     for w in (False, True):
-        assert pa._decode_launch_options(fp8=False, wide=w) == {"num_warps": pa._DECODE_NUM_WARPS_16}  # 3 stages
-        assert pa._decode_tile(False, w) == pa._TILE_N
+        assert d._decode_launch_options(fp8=False, wide=w) == {"num_warps": d._DECODE_NUM_WARPS_16}  # 3 stages
+        assert d._decode_tile(False, w) == pa_tiles._TILE_N
 
 
 def test_only_unsplit_fp8_launches_that_fill_their_waves_are_wide() -> None:
     cpu = torch.device("cpu")  # 132 SMs off CUDA: waves of 8 x 132 = 1,056 one-warp programs
 
     def wide(programs: int) -> bool:
-        return pa._wide_decode(True, False, programs, cpu)
+        return pa_decode._wide_decode(True, False, programs, cpu)
 
     # The H200 measurements (8 kv heads): 1 warp faster at batch 256 (2,048 programs) and 128 (1,024), slower at 192,
     # 160, 64 and 48 (1,536, 1,280, 512, 384).
     assert wide(2048) and wide(1024)
     assert not any(wide(p) for p in (1536, 1280, 512, 384, 1, 0))
     assert wide(3 * 1056) and not wide(2 * 1056 + 1)  # fill 100% / 67%
-    assert not pa._wide_decode(True, True, 2048, cpu)  # split launches never
-    assert not pa._wide_decode(False, False, 2048, cpu)  # 16-bit caches never
+    assert not pa_decode._wide_decode(True, True, 2048, cpu)  # split launches never
+    assert not pa_decode._wide_decode(False, False, 2048, cpu)  # 16-bit caches never
     # The throughput workload's decode batch (256 x 8 kv heads) is unsplit and wide; batch 48 at 4K unsplit, not wide.
     assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and wide(256 * 8)
     assert pa.decode_num_splits(48 * 8, 4096, cpu, fp8=True) == 1 and not wide(48 * 8)
@@ -575,18 +585,18 @@ def test_only_unsplit_fp8_launches_that_fill_their_waves_are_wide() -> None:
                          ids=["unsplit-wide", "unsplit-narrow", "split"])
 def test_fp8_decode_launches_run_the_settings_of_their_width(monkeypatch: pytest.MonkeyPatch, num_splits: int,
                                                              wide: bool) -> None:
-    decode = LaunchSpy(pa._decode_kernel)
-    monkeypatch.setattr(pa, "_decode_kernel", decode)
+    decode = LaunchSpy(pa_decode._decode_kernel)
+    monkeypatch.setattr(pa_decode, "_decode_kernel", decode)
     # A fill this small case reaches or not (12 programs here; on a GPU a wide launch has a thousand or more). A split
     # launch is never wide, whatever the fill.
-    monkeypatch.setattr(pa, "_DECODE_WIDE_MIN_WAVE_FILL", 0.0 if wide or num_splits > 1 else 2.0)
+    monkeypatch.setattr(pa_decode, "_DECODE_WIDE_MIN_WAVE_FILL", 0.0 if wide or num_splits > 1 else 2.0)
     # Contexts across both tile sizes' boundaries, GQA 4 over 2 kv heads, bf16 q as the engine runs it.
     case = PagedCase([1, 63, 64, 65, 129, 300], 2, 32, 16, torch.float32, spare_table_entries=4)
     _decode_against_ref(case, 8, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
     (launch,) = decode.launches
     assert launch["SPLIT"] is (num_splits > 1)
-    assert launch["TILE_N"] == pa._decode_tile(True, wide)
-    options = pa._decode_launch_options(True, wide)
+    assert launch["TILE_N"] == pa_decode._decode_tile(True, wide)
+    options = pa_decode._decode_launch_options(True, wide)
     assert {k: launch.get(k) for k in ("num_warps", "num_stages", "maxnreg")} == {
         k: options.get(k) for k in ("num_warps", "num_stages", "maxnreg")}
 
@@ -594,16 +604,16 @@ def test_fp8_decode_launches_run_the_settings_of_their_width(monkeypatch: pytest
 def test_fp8_split_counts_fit_one_wave_and_16_bit_ones_fill_the_target() -> None:
     # 132 SMs off CUDA. fp8: 4 programs per SM, rounded down: batch 32 x 8 kv heads -> 2 splits (512 of 528 slots).
     cpu = torch.device("cpu")
-    assert pa._choose_num_splits(256, 4096, cpu, fp8=True) == 2
-    assert pa._choose_num_splits(128, 8192, cpu, fp8=True) == 4
-    assert pa._choose_num_splits(8, 32768, cpu, fp8=True) == 64  # 66 fit, capped
-    assert pa._choose_num_splits(300, 32768, cpu, fp8=True) == 1  # two would take 1.14 waves
-    assert pa._choose_num_splits(256, 1024, cpu, fp8=True) == 2
-    assert pa._choose_num_splits(256, 1023, cpu, fp8=True) == 1  # partitions of >= 512 tokens
+    assert pa_splits._choose_num_splits(256, 4096, cpu, fp8=True) == 2
+    assert pa_splits._choose_num_splits(128, 8192, cpu, fp8=True) == 4
+    assert pa_splits._choose_num_splits(8, 32768, cpu, fp8=True) == 64  # 66 fit, capped
+    assert pa_splits._choose_num_splits(300, 32768, cpu, fp8=True) == 1  # two would take 1.14 waves
+    assert pa_splits._choose_num_splits(256, 1024, cpu, fp8=True) == 2
+    assert pa_splits._choose_num_splits(256, 1023, cpu, fp8=True) == 1  # partitions of >= 512 tokens
     # 16-bit: 3 per SM, rounded up.
-    assert pa._choose_num_splits(256, 4096, cpu) == 2
-    assert pa._choose_num_splits(128, 8192, cpu) == 4
-    assert pa._choose_num_splits(300, 32768, cpu) == 2
+    assert pa_splits._choose_num_splits(256, 4096, cpu) == 2
+    assert pa_splits._choose_num_splits(128, 8192, cpu) == 4
+    assert pa_splits._choose_num_splits(300, 32768, cpu) == 2
 
 
 @needs_triton
@@ -879,7 +889,7 @@ def test_other_fp8_cache_dtypes_are_rejected() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU: real shapes (run through the device tool)
+# GPU: real shapes (on a machine with a CUDA GPU)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -928,8 +938,8 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
     # Batch 32 at 4K (2 splits for both dtypes), captured once and replayed on new queries and lengths: the PDL launch
     # must capture as a graph edge, the fold's counters must reset on every replay.
     fold_max, pdl = MERGES[merge]
-    monkeypatch.setattr(pa, "_DECODE_FOLD_MAX_SPLITS", fold_max)
-    monkeypatch.setattr(pa, "_DECODE_REDUCE_PDL", pdl)
+    monkeypatch.setattr(pa_decode, "_DECODE_FOLD_MAX_SPLITS", fold_max)
+    monkeypatch.setattr(pa_decode, "_DECODE_REDUCE_PDL", pdl)
     seq_lens = [4096] * 28 + [4095, 1370, 17, 1]
     case = PagedCase(seq_lens, 8, 128, 16, torch.float32 if fp8 else torch.bfloat16)
     kv = quantize_fp8(case) if fp8 else None
@@ -944,8 +954,8 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
                                   max_seq_len=4096, **scales)
 
     assert pa.decode_num_splits(32 * 8, 4096, DEVICE, fp8=fp8) == 2
-    reduce = LaunchSpy(pa._decode_reduce_kernel)
-    monkeypatch.setattr(pa, "_decode_reduce_kernel", reduce)
+    reduce = LaunchSpy(pa_decode._decode_reduce_kernel)
+    monkeypatch.setattr(pa_decode, "_decode_reduce_kernel", reduce)
     call()  # compile outside the capture
     assert len(reduce.launches) == (merge != "fold")  # 2 splits: folded, or the reduce as this test forces it
     assert all(k["PDL"] is pdl and k.get("launch_pdl", False) is pdl for k in reduce.launches)  # an H100/H200
@@ -961,7 +971,7 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
         want = pa.paged_attention_ref(q, k_cache, v_cache, case.block_tables, case.seq_lens, qsl, scale, **scales)
         _assert_close_for(out, want, torch.bfloat16, kv)
     if merge == "fold":
-        assert not pa._FOLD_COUNTERS[q.device].any()
+        assert not pa_decode._FOLD_COUNTERS[q.device].any()
 
 
 @pytest.mark.gpu
@@ -973,7 +983,7 @@ def test_gpu_fp8_decode_past_2_to_the_31_elements() -> None:
     blocks, bs, heads, dim = 2**17 + 64, 16, 8, 128
     k_cache = torch.zeros(blocks, bs, heads, dim, dtype=FP8, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
-    assert pa._needs_int64_offsets(k_cache, v_cache)
+    assert pa_checks._needs_int64_offsets(k_cache, v_cache)
     gen = torch.Generator(device=DEVICE).manual_seed(5)
     seq_lens = [1000, 517]
     tables = torch.arange(blocks - 128, blocks, device=DEVICE, dtype=torch.int32).view(2, 64)
@@ -1038,25 +1048,25 @@ def test_gpu_gluon_fp8_decode_matches_the_fp8_reference(monkeypatch: pytest.Monk
                                                         q_dtype: torch.dtype, num_splits: int) -> None:
     # Lengths around the 16- and 64-key steps, the 64-key partition unit and the block size, an empty sequence, one
     # token, and long ones; per-head scales 100x apart. Twice, so the fold's counters must have reset.
-    gluon, triton_kernel = LaunchSpy(pa._gluon_decode_kernel), LaunchSpy(pa._decode_kernel)
-    monkeypatch.setattr(pa, "_gluon_decode_kernel", gluon)
-    monkeypatch.setattr(pa, "_decode_kernel", triton_kernel)
+    gluon, triton_kernel = LaunchSpy(pa_gluon._gluon_decode_kernel), LaunchSpy(pa_decode._decode_kernel)
+    monkeypatch.setattr(pa_gluon, "_gluon_decode_kernel", gluon)
+    monkeypatch.setattr(pa_decode, "_decode_kernel", triton_kernel)
     case = PagedCase([0, 1, 31, 32, 33, 64, 65, 100, 1000, 2500, 4097], num_kv_heads, head_dim, block_size,
                      torch.float32, spare_table_entries=7)
     kv = quantize_fp8(case)
     for _ in range(2):
         _decode_against_ref(case, num_q_heads, num_splits, fp8=kv, q_dtype=q_dtype)
     assert len(gluon.launches) == 2 and not triton_kernel.launches
-    assert all(k["FOLD"] is (1 < num_splits <= pa._DECODE_FOLD_MAX_SPLITS) for k in gluon.launches)
+    assert all(k["FOLD"] is (1 < num_splits <= pa_decode._DECODE_FOLD_MAX_SPLITS) for k in gluon.launches)
     # 11 x kv heads x splits programs: both tiles among the cases (e.g. 704 at 8 kv heads and 8 splits: 16 keys).
     run = pa.decode_num_splits(11 * num_kv_heads, case.block_tables.shape[1] * block_size, DEVICE, num_splits, fp8=True)
-    assert all(k["TILE_N"] == pa._gluon_decode_tile(11 * num_kv_heads * run, DEVICE) for k in gluon.launches)
-    if 1 < num_splits <= pa._DECODE_FOLD_MAX_SPLITS:
-        assert not pa._FOLD_COUNTERS[case.seq_lens.device].any()
+    assert all(k["TILE_N"] == pa_gluon._gluon_decode_tile(11 * num_kv_heads * run, DEVICE) for k in gluon.launches)
+    if 1 < num_splits <= pa_decode._DECODE_FOLD_MAX_SPLITS:
+        assert not pa_decode._FOLD_COUNTERS[case.seq_lens.device].any()
 
 
-@pytest.mark.parametrize(("batch", "context", "tile"), [(32, 4096, pa._GLUON_DECODE_TILE_N_NARROW),
-                                                     (72, 700, pa._GLUON_DECODE_TILE_N_WIDE)],
+@pytest.mark.parametrize(("batch", "context", "tile"), [(32, 4096, pa_gluon._GLUON_DECODE_TILE_N_NARROW),
+                                                     (72, 700, pa_gluon._GLUON_DECODE_TILE_N_WIDE)],
                          ids=["b32-4k-split", "b72-unsplit-wide"])
 @pytest.mark.gpu
 @needs_sm90
@@ -1066,19 +1076,19 @@ def test_gpu_gluon_and_triton_fp8_decode_agree(monkeypatch: pytest.MonkeyPatch, 
     # 576 programs (16 keys a step, as the throughput workload's batch 256), against the reference and against the
     # Triton kernel on the same fp8 bytes. The kernels round differently (fp16 P in both, other summation orders),
     # so within bf16's tolerance, not bit-equal.
-    gluon = LaunchSpy(pa._gluon_decode_kernel)
-    monkeypatch.setattr(pa, "_gluon_decode_kernel", gluon)
+    gluon = LaunchSpy(pa_gluon._gluon_decode_kernel)
+    monkeypatch.setattr(pa_gluon, "_gluon_decode_kernel", gluon)
     case = PagedCase([context] * (batch - 4) + [context - 1, context // 3 + 5, 17, 1], 8, 128, 16, torch.float32)
     kv = quantize_fp8(case)
     q, qsl = case.queries([1] * batch, 32)
     q = q.to(torch.bfloat16)
     outs = []
     for use_gluon in (True, False):
-        monkeypatch.setattr(pa, "_GLUON_DECODE", use_gluon)
+        monkeypatch.setattr(pa_gluon, "_GLUON_DECODE", use_gluon)
         outs.append(pa.paged_decode_attention(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens,
                                               128**-0.5, max_seq_len=context, **kv.scales))
     (launch,) = gluon.launches
-    assert launch["TILE_N"] == tile and launch["SPLIT"] is (tile == pa._GLUON_DECODE_TILE_N_NARROW)
+    assert launch["TILE_N"] == tile and launch["SPLIT"] is (tile == pa_gluon._GLUON_DECODE_TILE_N_NARROW)
     want = pa.paged_attention_ref(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens, qsl, 128**-0.5,
                                   **kv.scales)
     _assert_close_for(outs[0], want, torch.bfloat16, kv)

@@ -9,7 +9,7 @@ import torch
 
 from governor.engine.kv.cache import bytes_per_block, max_blocks_for_int32_offsets
 from governor.engine.worker import Worker
-from governor.kernels import paged_attention as pa
+from governor.kernels.paged_attention import checks as pa_checks
 
 FP8 = torch.float8_e4m3fn
 QWEN3_KV = SimpleNamespace(num_layers=28, num_kv_heads=8, head_dim=128)  # qwen3-0.6b's KV shape
@@ -25,8 +25,8 @@ def worker(budget: int | None = None, num_kv_blocks: int | None = None) -> Any:
 def test_the_cap_is_the_last_block_count_the_kernels_address_in_int32() -> None:
     cap = max_blocks_for_int32_offsets(QWEN3_KV, 16)  # type: ignore[arg-type]
     assert cap == 2**17  # 16 tokens x 8 heads x 128 = 2^14 elements a block
-    assert not pa._needs_int64_offsets(torch.empty(cap, 16, 8, 128, dtype=FP8, device="meta"))
-    assert pa._needs_int64_offsets(torch.empty(cap + 1, 16, 8, 128, dtype=FP8, device="meta"))
+    assert not pa_checks._needs_int64_offsets(torch.empty(cap, 16, 8, 128, dtype=FP8, device="meta"))
+    assert pa_checks._needs_int64_offsets(torch.empty(cap + 1, 16, 8, 128, dtype=FP8, device="meta"))
 
 
 def test_a_budget_past_the_cap_gets_the_cap_and_one_below_it_is_untouched() -> None:

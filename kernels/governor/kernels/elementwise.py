@@ -1,7 +1,7 @@
 """A decoder layer's elementwise work, fused: residual add + RMSNorm, SiLU(gate) * up, rotary.
 
 Each Triton kernel replaces several PyTorch kernels (a batch-1 decode step of an 8B model ran about 20
-small kernels a layer, most of them these; issue 9) and rounds exactly where the PyTorch code it
+small kernels a layer, most of them these; docs/design/step-pipeline.md) and rounds exactly where the PyTorch code it
 replaces rounds: every intermediate that code materializes in the model dtype is rounded to that dtype
 here too, so outputs differ from the references only by the order of the fp32 sum in a norm and, on a GPU,
 by Triton's approximate exp and rsqrt where PyTorch uses accurate ones (a last-bit difference before the
@@ -9,7 +9,7 @@ rounding to the model dtype, so at most one bf16 step). The references (`*_ref`)
 the oracle in tests and the CPU path.
 
 Rotary lives here as math (`rotate_ref`, `rotate`); the kernel that also writes the rotated keys into
-the paged KV cache is `paged_attention.rotary_write_kv`.
+the paged KV cache is `paged_attention.rotary_write_kv` (in `paged_attention.kv_write`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 At batch 1 a decoder layer's matmuls are pure weight streaming, and cuBLAS's choices there leave bandwidth
 unused: on an H100 the llama3-8b qkv GEMM reads its weight at 81-82% of the copy bandwidth, o at 67-68% and
-down (with the SiLU·mul kernel before it) at 84% (docs/benchmarks.md, issue 9, fourth pass). `gemv` streams the
+down (with the SiLU·mul kernel before it) at 84% (docs/design/gemv.md). `gemv` streams the
 weight once, one program per BLOCK_N output columns, with no split-K and no second kernel, and can fold the
 MLP's SiLU(gate)·up into its prologue (`silu_mul=True`: x is the gate_up output [1, 2K]), which removes the
 separate SiLU·mul kernel from the step. With two or more rows cuBLAS is as fast or faster on these shapes
@@ -32,7 +32,7 @@ class GemvConfig(NamedTuple):
     num_warps: int
 
 
-# Over the llama3-8b decode shapes (scripts/gemv-sweep.py; docs/benchmarks.md, issue 9, fourth and fifth passes):
+# Over the llama3-8b decode shapes (scripts/gemv-sweep.py; docs/design/gemv.md):
 # the fastest single configuration of the sweep over a layer on an H100 and on an H200, and end to end on the
 # H200 (scripts/gpu-gemv-config-ab.sh) batch-1 decode 4.35 ms/token against 4.55 with 4 x 1024. Wide K steps
 # over few rows keep each program's loads long and the grid large.
