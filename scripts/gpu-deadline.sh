@@ -1,6 +1,6 @@
-# Sourced by the GPU scripts that run under one deadline (scripts/gpu-issue9-measure.sh, gpu-issue9-fused.sh,
-# gpu-issue9-async.sh), after they set T0 (start, in $SECONDS), DEADLINE_S, OUT and R (the results folder, tarred into
-# $OUT/results.tgz after each stage). `stage NAME MAX_S MIN_S COMMAND...` runs a stage under min(MAX_S, time
+# Sourced by the GPU scripts that run under one deadline (scripts/gpu-targets.sh, gpu-async-scheduling.sh,
+# gpu-gemv-ab.sh), after they set T0 (start, in $SECONDS), DEADLINE_S, RESULTS_DIR and R (the results folder, tarred
+# into $RESULTS_DIR/results.tgz after each stage). `stage NAME MAX_S MIN_S COMMAND...` runs a stage under min(MAX_S, time
 # left) and skips it when less than MIN_S is left; `run_py LOG ARGS...` runs python3 ARGS under that limit.
 quiet() { grep -vE "Writing model shards|Loading|INFO governor|it/s\]|Warning: |generation flags" || true; }
 FAILED=()
@@ -16,7 +16,7 @@ stage() {  # stage NAME MAX_S MIN_S COMMAND...: run under min(MAX_S, time left);
   echo "=== $name: start $(date -u +%H:%M:%SZ), limit $LIMIT s"
   if "$@"; then echo "=== $name: ok in $((SECONDS - t0)) s"
   else echo "=== $name: FAILED or cut off in $((SECONDS - t0)) s"; FAILED+=("$name"); fi
-  tar czf "$OUT/results.tgz" -C "$R" .
+  tar czf "$RESULTS_DIR/results.tgz" -C "$R" .
 }
 run_py() {  # run_py LOG ARGS...: python3 ARGS under the stage's limit, output to $R/LOG.log (no pipe to hang on)
   local log=$R/$1.log rc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Batch-1 decode with other GEMV launch configurations, end to end, on one GPU through the device tool:
-#   run(command="bash scripts/gpu-gemv-config-ab.sh", carry=[".whl"])
+# Batch-1 decode with other GEMV launch configurations, end to end, on one GPU:
+#   bash scripts/gpu-gemv-config-ab.sh        (CONFIGS="4 2048 4;4 1024 4" ROUNDS=2 to choose)
 # Copies this tree once per configuration in CONFIGS ("block_n block_k num_warps", the first is the
 # default), with `DEFAULT_CONFIG` in kernels/governor/kernels/gemv.py set to it, then runs `governor bench
 # latency` (llama3-8b shape, dummy bf16 weights, 512-token context, batch 1, CUDA graphs) of each in turn,
