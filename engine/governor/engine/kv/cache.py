@@ -17,7 +17,7 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
 def max_blocks_for_int32_offsets(cfg: ModelConfig, block_size: int) -> int:
     """The most blocks for which each layer's K (and V) tensor stays within `INT32_OFFSET_ELEMENTS`, so the attention
     kernels address it with int32 offsets (on an H200, fp8 decode attention at batch 256 ran 12% faster than with
-    the int64 offsets larger caches need; docs/benchmarks.md, issue 9, sixth pass)."""
+    the int64 offsets larger caches need; docs/design/decode-attention-kernels.md)."""
     return INT32_OFFSET_ELEMENTS // (block_size * cfg.num_kv_heads * cfg.head_dim)
 
 
