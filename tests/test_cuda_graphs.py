@@ -2,7 +2,7 @@
 
 On CPU, `EagerGraphs` stands in for the CUDA graph set: "capture" keeps the forward closure and "replay"
 runs it, so the runner's padding, staging and graph choice run (Triton kernels under the interpreter)
-without a GPU. The `gpu` tests capture real graphs (run through the device tool; skipped without CUDA).
+without a GPU. The `gpu` tests capture real graphs (on a machine with a CUDA GPU; skipped without one).
 """
 
 from __future__ import annotations

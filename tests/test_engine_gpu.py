@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU (Triton kernels): same greedy tokens and prompt logits as transformers.
 
-Run through the device tool: `python -m pytest -m gpu tests/`. Skipped without CUDA.
+Run on a machine with a CUDA GPU: `python -m pytest -m gpu tests/`. Skipped without CUDA.
 """
 
 from __future__ import annotations

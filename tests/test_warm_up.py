@@ -57,7 +57,7 @@ def _warm_up_steps(path: str, max_model_len: int, budget: int = 48) -> list[tupl
 
 
 def test_warm_up_reaches_the_token_budget_with_one_many_and_mixed_sequences(hf_checkpoint) -> None:
-    # The first full-size steps of a process cost more than later ones (issue 9): the warm-up runs steps of the
+    # The first full-size steps of a process cost more than later ones: the warm-up runs steps of the
     # hard token budget -- one sequence's chunk, several prompts, decodes beside a chunk -- where they fit.
     steps = _warm_up_steps(str(hf_checkpoint("qwen3")), 128)
     at_budget = [s for s in steps if s[0] == 48]

@@ -25,9 +25,10 @@ import torch
 
 from governor.engine.bench_cache import random_ids
 from governor.engine.bench_throughput import sync_device
+from governor.engine.gc_freeze import startup_objects_frozen
 from governor.engine.kv.cache import bytes_per_block
 from governor.engine.llm import LLM
-from governor.engine.llm_engine import LLMEngine, startup_objects_frozen
+from governor.engine.llm_engine import LLMEngine
 from governor.engine.sampling_params import SamplingParams
 
 

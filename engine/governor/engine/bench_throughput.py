@@ -56,7 +56,7 @@ def hardware() -> dict[str, Any]:
 
 def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> dict[str, Any]:
     from governor.engine import LLM, SamplingParams
-    from governor.engine.llm_engine import startup_objects_frozen
+    from governor.engine.gc_freeze import startup_objects_frozen
 
     with LLM(model, **engine_args) as llm:
         eng = llm.engine

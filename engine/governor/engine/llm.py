@@ -6,7 +6,8 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from governor.engine.config import EngineConfig
-from governor.engine.llm_engine import LLMEngine, Prompt
+from governor.engine.intake import Prompt
+from governor.engine.llm_engine import LLMEngine
 from governor.engine.outputs import RequestOutput
 from governor.engine.sampling_params import SamplingParams
 

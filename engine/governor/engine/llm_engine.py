@@ -1,68 +1,48 @@
-"""The step loop: admit requests, schedule, run the model, sample, stop, free blocks."""
+"""The step loop: admit requests, schedule, run the model, sample, stop, free blocks.
+
+Beside it: request intake (`intake`), a live request's stop checks and outputs (`request_state`), drafts
+(`spec.drafts`), the kernel warm-up at start (`warm_up`) and the tensor-parallel workers (`tp.rank0`)."""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import logging
 import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
+from governor.engine import intake
 from governor.engine.config import EngineConfig, Knobs
 from governor.engine.detokenizer import IncrementalDetokenizer
+from governor.engine.intake import Prompt
 from governor.engine.kv.block_hash import identity_seed
 from governor.engine.kv.block_pool import BlockPool
 from governor.engine.kv.cache import bytes_per_block
 from governor.engine.models.checkpoint import model_digest, tokenizer_digest
 from governor.engine.models.model_config import load_model_config
-from governor.engine.outputs import CompletionOutput, RequestOutput, StepResult, TokenEvent
-from governor.engine.runner import broadcast_shutdown
-from governor.engine.sampler import argmax_only, greedy_tokens, sample, token_logprobs
+from governor.engine.outputs import RequestOutput, StepResult, TokenEvent
+from governor.engine.request_state import RequestState
+from governor.engine.sampler import argmax_only, greedy_tokens, sample
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence, SequenceStatus
 from governor.engine.spec.draft_model import DraftModelProposer
+from governor.engine.spec.drafts import propose_drafts, sample_with_drafts
 from governor.engine.spec.proposer import NgramProposer, Proposer
-from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
 from governor.engine.tokenizer import decoder, load_tokenizer
-from governor.engine.tp.group import (
-    SINGLE,
-    TPGroup,
-    check_no_open_group,
-    destroy_tp_group,
-    free_port,
-    init_tp_group,
-    rank_device,
-)
+from governor.engine.tp.group import SINGLE, TPGroup
 from governor.engine.tp.processes import WorkerProcesses
+from governor.engine.tp.rank0 import start_workers, stop_workers
 from governor.engine.tp.sharding import shard_config
+from governor.engine.warm_up import warm_up_kernels
 from governor.engine.worker import Worker, WorkerSpec
 
 log = logging.getLogger("governor.engine")
 
-Prompt = str | list[int] | dict[str, Any]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class _Request:
-    seq: Sequence
-    prompt: str | None
-    arrival: float  # time.monotonic() at add_request
-    # From the sampling parameters, once, for the per-token stop checks:
-    stop_ids: frozenset[int]  # token ids that end it: its stop_token_ids, and EOS unless ignore_eos
-    stop_strings: list[str]
-    max_output: int  # output tokens at which it ends with "length": max_tokens, or what max_model_len leaves
-    argmax_only: bool  # greedy without logprobs (sampler.argmax_only)
-    detok: IncrementalDetokenizer | None = None
-    emitted: int = 0  # characters of detok.text already handed out as deltas
-    final_text: str | None = None
 
 
 class _Sampled(NamedTuple):
@@ -142,17 +122,10 @@ class LLMEngine:
 
     def _start_workers(self, spec: WorkerSpec, size: int) -> None:
         """Spawn ranks 1..size-1 and join their rendezvous as rank 0."""
-        check_no_open_group()  # before any process starts
-        port = free_port()
-        workers = WorkerProcesses(spec, size, port)
-        try:
-            self.tp = init_tp_group(0, size, port, rank_device(spec.device_type, 0, size))
-        except BaseException:
-            workers.join(timeout_s=0)
-            raise
+        self.tp, workers = start_workers(spec, size)
         self._workers = workers
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _stop_workers, self.tp, workers)
+        self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers)
         log.info("tensor parallel: %d ranks (%s), worker pids %s", size, torch.distributed.get_backend(),
                  workers.pids)
 
@@ -177,7 +150,7 @@ class LLMEngine:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
         # Invariant: how many requests in _requests are not argmax_only. While none is, a step without
         # drafts samples with one argmax and no per-row work (`_sample`).
         self._num_not_argmax = 0
@@ -213,80 +186,10 @@ class LLMEngine:
                  f", verification at {1 + self.config.spec_cap} tokens per sequence" if self.config.spec_cap else "")
 
     def _warm_up_kernels(self) -> None:
-        """Compile the Triton kernels of prefill and mixed steps now rather than on the first requests.
-
-        Triton compiles a kernel once per specialization: besides its constexprs, each integer argument
-        is told apart as 1, a multiple of 16, or neither. Decode steps are compiled by the graph capture;
-        these throwaway steps give the eager ones -- prefill chunks alone and after decodes, one and
-        several sequences -- token and sequence counts of each kind. Then steps at the token budget
-        (`_budget_steps`), so that the one-time costs of a full-size step are paid here too. Their blocks
-        come from the pool and go back to it unhashed (what they write there is never read); no counter
-        moves. A step that does not fit the hard caps, max_model_len or the free blocks is left out."""
-        t0 = time.perf_counter()
-        params = SamplingParams(temperature=0.0, max_tokens=1)
-        # (decodes, prefill chunk lengths): decodes are 6-token sequences with their last token to compute.
-        steps = [(0, (32,)), (0, (33,)), (0, (17, 16)), (1, (16,)), (3, (29,)), (16, (17,)), (16, (16,))]
-        steps += self._ladder_steps() + self._budget_steps()
-        for num_decodes, prefills in steps:
-            scheduled = []
-            for _ in range(num_decodes):
-                seq = Sequence("warm-up", -1, [1] * 5, params, 1, output_token_ids=[1])
-                seq.num_computed_tokens = 5
-                scheduled.append(ScheduledSeq(seq, 1))
-            scheduled += [ScheduledSeq(Sequence("warm-up", -1, [1] * n, params, 1), n) for n in prefills]
-            blocks = sum(-(-s.seq.num_tokens // self.block_size) for s in scheduled)
-            longest = max(s.seq.num_tokens for s in scheduled)
-            if (len(scheduled) > self.config.seqs_cap or num_decodes + sum(prefills) > self.config.tokens_cap
-                    or longest > self.max_model_len or blocks > self.block_pool.num_free):
-                continue
-            try:
-                for s in scheduled:
-                    self.scheduler.allocate(s.seq, s.num_new_tokens)
-                self._execute(SchedulerOutput(scheduled))
-            finally:
-                for s in scheduled:
-                    self.block_pool.free(s.seq.block_table[::-1])
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        log.info("kernels of prefill and mixed steps compiled in %.1f s", time.perf_counter() - t0)
-
-    def _ladder_steps(self) -> list[tuple[int, tuple[int, ...]]]:
-        """Warm-up prefill steps of 64 * 2^k and 96 * 2^k tokens below the token budget (one chunk each, at most
-        max_model_len), so the GEMMs of the step sizes between the small steps and the budget run once here.
-        cuBLAS picks its kernels by problem size, and CUDA loads a kernel's module on its first launch (lazy
-        loading, torch's default). On an H200 (qwen3-0.6b shape, 256 x 100 -> 1,024 tokens, fp8 KV), the first
-        run's first mixed step (243 decodes beside 13 prompt chunks, 1,511 tokens) took 75.4 ms against 18.2 in a
-        second run, and 43.6 against 26.8 with CUDA_MODULE_LOADING=EAGER; the first run was 57.3K tok/s against
-        58.8K under eager loading (docs/benchmarks.md, issue 9, ninth pass)."""
-        cap = self.config.tokens_cap
-        sizes = sorted({min(b << k, self.max_model_len) for b in (64, 96) for k in range(20) if (b << k) < cap})
-        return [(0, (n,)) for n in sizes]
-
-    def _budget_steps(self) -> list[tuple[int, tuple[int, ...]]]:
-        """Warm-up steps of the hard token budget (decodes, prefill chunk lengths): one sequence's chunk,
-        up to 64 sequences' prompts, and a decode batch beside one chunk, each chunk at most max_model_len
-        (the step then stays under the budget). The first full-size steps of a process cost more than later
-        ones: on an H200 (qwen3-0.6b shape, 256 prompts of 100 tokens, fp8 KV, after the small steps above)
-        the first 8,192-token prefill step took 346 ms against 36 ms in a second run, the next three 6-52 ms
-        more each (docs/benchmarks.md, issue 9, eighth pass). What the time goes to was not broken down
-        (candidates: GEMM kernels for that many rows loaded on first use, the activations' first
-        allocation); these steps reach the sizes where it is paid. The budget is the hard cap, which the
-        tuner may raise the knob to: a cap whose activations do not fit beside the KV cache fails here, at
-        start, rather than when the knob first reaches it."""
-        cap, seqs = self.config.tokens_cap, self.config.seqs_cap
-
-        def fit(n: int) -> int:
-            return min(n, self.max_model_len)
-
-        steps: list[tuple[int, tuple[int, ...]]] = [(0, (fit(cap),))]
-        many = min(seqs, 64, cap)
-        if many > 1:
-            size, extra = divmod(cap, many)
-            steps.append((0, (fit(size + extra),) + (fit(size),) * (many - 1)))
-        decodes = min(seqs - 1, cap // 2)
-        if decodes > 0:
-            steps.append((decodes, (fit(cap - decodes),)))
-        return steps
+        """Compile the Triton kernels of prefill and mixed steps now rather than on the first requests
+        (`warm_up.warm_up_kernels`)."""
+        warm_up_kernels(self._execute, self.scheduler, self.config.seqs_cap, self.config.tokens_cap,
+                        self.max_model_len, self.device)
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one
@@ -330,37 +233,12 @@ class LLMEngine:
 
     def prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """(text, token ids) of a prompt given as a string, token ids, or {"prompt"/"prompt_token_ids": ...}."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return None, list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError(f"a dict prompt needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
-        if isinstance(prompt, str):
-            return prompt, list(self.tokenizer.encode(prompt))
-        if isinstance(prompt, list | tuple):
-            return None, list(prompt)
-        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
+        return intake.prompt_token_ids(prompt, self.tokenizer)
 
     def validate_request(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int], int]:
         """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid."""
-        params.validate()
-        text, ids = self.prompt_token_ids(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids out of the vocabulary [0, {vocab}): {bad[:5]}")
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
-        if max_tokens < 1:
-            raise ValueError(f"the prompt ({len(ids)} tokens) leaves no room to generate within "
-                             f"max_model_len={self.max_model_len}")
-        if len(ids) + max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                             f"exceeds max_model_len={self.max_model_len}")
-        return text, ids, max_tokens
+        return intake.validate_request(prompt, params, self.tokenizer, self.model_config.vocab_size,
+                                       self.max_model_len)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *, stream_text: bool = False,
                     timeout_s: float | None = None, cache_salt: str | None = None) -> None:
@@ -390,8 +268,8 @@ class LLMEngine:
         if stream_text or stop_strings:
             detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        req = _Request(seq, text, now, stop_ids, stop_strings, min(max_tokens, self.max_model_len - len(ids)),
-                       argmax_only(params), detok)
+        req = RequestState(seq, text, now, stop_ids, stop_strings, min(max_tokens, self.max_model_len - len(ids)),
+                           argmax_only(params), detok)
         self._requests[request_id] = req
         self._num_not_argmax += not req.argmax_only
         if timeout_s:
@@ -456,7 +334,7 @@ class LLMEngine:
         for seq in out.admitted:  # only a sequence taken from the queue can be scheduled for the first time
             if seq.first_scheduled_at is None:
                 seq.first_scheduled_at = now
-        draft_probs = self._propose(out.scheduled)
+        draft_probs = propose_drafts(self.proposer, out.scheduled)
         # A step whose every token is an argmax takes it over the model-dtype logits (same tokens).
         argmax_step = self._argmax_step(out)
         logits = self._execute(out, fp32_logits=not argmax_step)
@@ -556,7 +434,7 @@ class LLMEngine:
                 self.scheduler.cache_computed_blocks(seq)
         self.counters["generation_tokens"] += len(events) - num_events
 
-    def _append_token(self, req: _Request, token: int, lp: dict[int, float] | None, result: StepResult) -> bool:
+    def _append_token(self, req: RequestState, token: int, lp: dict[int, float] | None, result: StepResult) -> bool:
         """Append a new token to its request, check the stop conditions and emit the token's event;
         True when the request finished."""
         seq = req.seq
@@ -565,49 +443,34 @@ class LLMEngine:
             seq.logprobs.append(lp)
         if req.detok is not None:
             req.detok.add(token)
-        reason = self._check_stop(req, token)
+        reason = req.check_stop(token)
         if reason is None:
-            result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp, None, None))
+            result.events.append(TokenEvent(seq.request_id, token, req.text_delta(), lp, None, None))
             return False
         self._finish(req, reason, result)
-        result.events.append(TokenEvent(seq.request_id, token, self._text_delta(req), lp, seq.finish_reason,
+        result.events.append(TokenEvent(seq.request_id, token, req.text_delta(), lp, seq.finish_reason,
                                         seq.stop_reason))
         return True
 
-    def _finish(self, req: _Request, reason: str, result: StepResult) -> None:
+    def _finish(self, req: RequestState, reason: str, result: StepResult) -> None:
         result.finished.append(self._end(req, reason))
 
-    def _end(self, req: _Request, reason: str) -> RequestOutput:
+    def _end(self, req: RequestState, reason: str) -> RequestOutput:
         """End a live request: free its blocks and proposer state, count it, forget it; its final output."""
         self.scheduler.finish(req.seq, reason)
         if self.proposer is not None:
             self.proposer.release(req.seq)
         self.counters["requests_finished"] += 1
         self._forget(req.seq.request_id)
-        return self._output(req)
+        return req.output(self.detokenize)
 
-    def _forget(self, request_id: str) -> _Request | None:
+    def _forget(self, request_id: str) -> RequestState | None:
         """Drop a request from the live ones (and from `_num_not_argmax` and `_deadlines`); None if unknown."""
         req = self._requests.pop(request_id, None)
         if req is not None and not req.argmax_only:
             self._num_not_argmax -= 1
         self._deadlines.pop(request_id, None)
         return req
-
-    def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
-        """Fill each speculative decode's draft slots; returns draft distributions by id(seq) (draft model,
-        sampled requests only)."""
-        probs: dict[int, torch.Tensor] = {}
-        spec = [s for s in scheduled if s.num_spec > 0]
-        if not spec or self.proposer is None:
-            for s in spec:
-                s.set_drafts([])
-            return probs
-        for s, (drafts, q) in zip(spec, self.proposer.propose(spec), strict=True):
-            s.set_drafts(drafts)
-            if q is not None:
-                probs[id(s.seq)] = q[:len(drafts)]
-        return probs
 
     def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor,
                 draft_probs: dict[int, torch.Tensor]) -> _Sampled:
@@ -620,26 +483,7 @@ class LLMEngine:
             seqs = [s.seq for s in sampling]
             sampled = sample(logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator)
             return _Sampled(sampled.token_ids, sampled.logprobs, None)
-        rows = list(itertools.accumulate((1 + len(s.draft_tokens) for s in sampling), initial=0))
-        plain = [i for i, s in enumerate(sampling) if not s.draft_tokens]
-        out: list[tuple[list[int], list[dict[int, float] | None]]] = [([], []) for _ in sampling]
-        if plain:
-            seqs = [sampling[i].seq for i in plain]
-            sampled = sample(logits[[rows[i] for i in plain]], [q.params for q in seqs], [q.generator for q in seqs],
-                             self.generator)
-            for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
-                out[i] = ([tok], [lp])
-        for i, s in enumerate(sampling):
-            if not s.draft_tokens:
-                continue
-            seq, block = s.seq, logits[rows[i]:rows[i + 1]]
-            if seq.params.greedy:
-                tokens = accept_greedy(block.argmax(dim=1).tolist(), s.draft_tokens)
-            else:
-                p = target_distributions(block, [seq.params] * block.shape[0])
-                tokens = accept_sampled(p, s.draft_tokens, draft_probs.get(id(seq)), seq.generator)
-            lps = token_logprobs(block[:len(tokens)], tokens, [seq.params.logprobs] * len(tokens))
-            out[i] = (tokens, lps)
+        out = sample_with_drafts(sampling, logits, draft_probs, self.generator)
         return _Sampled([t for tokens, _ in out for t in tokens], [lp for _, lps in out for lp in lps],
                         [len(tokens) for tokens, _ in out])
 
@@ -666,60 +510,8 @@ class LLMEngine:
                 result.finished.append(out)
                 result.events.append(TokenEvent(rid, None, "", None, "timeout", None))
 
-    def _check_stop(self, req: _Request, token: int) -> str | None:
-        seq = req.seq
-        if req.stop_strings and req.detok is not None:
-            text = req.detok.text
-            hits = [(i, s) for s in req.stop_strings if (i := text.find(s)) >= 0]
-            if hits:
-                cut, stop = min(hits)
-                seq.stop_reason = stop
-                req.final_text = text[:cut]
-                return "stop"
-        if token in req.stop_ids:
-            if token in seq.params.stop_token_ids:  # EOS ends it too, but with no stop_reason
-                seq.stop_reason = token
-            return "stop"
-        if len(seq.output_token_ids) >= req.max_output:
-            return "length"
-        return None
-
-    def _text_delta(self, req: _Request) -> str:
-        """New text to hand out; while a stop string could still be forming, its possible start is held back."""
-        if req.detok is None:
-            return ""
-        text = req.final_text if req.final_text is not None else req.detok.text
-        end = len(text)
-        if not req.seq.is_finished and req.stop_strings:
-            end -= max(len(s) for s in req.stop_strings) - 1
-        if end <= req.emitted:
-            return ""
-        delta = text[req.emitted:end]
-        req.emitted = end
-        return delta
-
     def detokenize(self, seq: Sequence) -> str:
         return self._decode(seq.output_token_ids, seq.params.skip_special_tokens)
-
-    def _output(self, req: _Request) -> RequestOutput:
-        seq = req.seq
-        if req.final_text is not None:
-            text = req.final_text
-        elif req.detok is not None:
-            text = req.detok.text
-        else:
-            text = self.detokenize(seq)
-        cumulative = None
-        if seq.logprobs:
-            cumulative = sum(lp[t] for lp, t in zip(seq.logprobs, seq.output_token_ids, strict=False))
-        completion = CompletionOutput(0, text, list(seq.output_token_ids), seq.finish_reason, seq.stop_reason,
-                                      list(seq.logprobs) if seq.params.logprobs is not None else None, cumulative)
-        now = time.monotonic()
-        metrics = {"arrival": req.arrival, "finished": now, "e2e_s": now - req.arrival,
-                   "preemptions": float(seq.num_preemptions)}
-        if seq.first_scheduled_at is not None:
-            metrics["queue_s"] = seq.first_scheduled_at - req.arrival
-        return RequestOutput(seq.request_id, req.prompt, list(seq.prompt_token_ids), [completion], True, metrics)
 
     def prompt_logits(self, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
         """fp32 logits at every position of `token_ids` [T, vocab], computed through the paged cache in
@@ -757,41 +549,6 @@ class LLMEngine:
             "requests_waiting": len(self.scheduler.waiting),
             **self.counters,
         }
-
-
-def freeze_startup_objects() -> None:
-    """After one full collection, move every object alive now out of the garbage collector's reach
-    (gc.freeze): for a process whose engine lives as long as it does (a server, a benchmark), once the engine
-    has started. Otherwise each full collection rescans every object of torch, the model and the engine: a
-    pause of 0.18-0.29 s (`scripts/profile-host.py`, throughput workload, H100) that stalls whichever step it
-    falls in. Objects frozen are still freed when their last reference goes; only reference cycles
-    among them are never collected, which is why a library call (`LLM`) does not do this by itself."""
-    gc.collect()
-    gc.freeze()
-
-
-@contextlib.contextmanager
-def startup_objects_frozen() -> Iterator[None]:
-    """`freeze_startup_objects` for a timed run inside a longer process (a benchmark called from tests):
-    the objects are given back to the collector (gc.unfreeze) when it ends."""
-    freeze_startup_objects()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def _stop_workers(tp: TPGroup, workers: WorkerProcesses) -> None:
-    """Send the shutdown (when every worker can still take it), leave the groups as the workers do, and
-    wait for them to exit."""
-    if workers.all_alive():
-        try:
-            broadcast_shutdown(tp)
-        except Exception as e:  # a worker went away meanwhile (it failed as rank 0 did): the join ends the rest
-            log.warning("could not send the shutdown to every tensor-parallel worker: %s", str(e).splitlines()[0])
-    # Before the join: tearing NCCL down may wait for every rank to do it too.
-    destroy_tp_group(tp)
-    workers.join()
 
 
 def _resolve_device(device: str) -> str:

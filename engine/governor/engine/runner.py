@@ -32,8 +32,8 @@ _MERGE_GAP_BYTES = 256 * 1024
 # widest table would add at least this many bytes: then only its [seqs, width] part is packed on the host, copied
 # (a second copy) and scattered into the rows on the device. The same trade-off as _MERGE_GAP_BYTES: a copy costs the
 # host about what that many bytes cost over PCIe. qwen3-0.6b's default 40,960-token context made the whole rows 2.6
-# MB a step at batch 256, ~50 us of copy on the compute stream by PCIe arithmetic (docs/benchmarks.md, issue 9,
-# seventh pass; the saving was not measured apart).
+# MB a step at batch 256, ~50 us of copy on the compute stream by PCIe arithmetic; the effect on offline throughput
+# is within the spread of runs (docs/design/step-pipeline.md).
 _PACK_TABLES_MIN_SAVED_BYTES = _MERGE_GAP_BYTES
 
 

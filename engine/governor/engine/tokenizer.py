@@ -23,7 +23,7 @@ def decoder(tokenizer: Any) -> Callable[[list[int], bool], str]:
     For a plain fast tokenizer (its class keeps PreTrainedTokenizerFast's `decode` and `_decode`) that does not clean
     up tokenization spaces, `decode` is its Rust tokenizer's `decode` and nothing else, so that is called directly:
     it skips transformers' check of each id's type, most of the host's time when 256 requests of 1,024 tokens end
-    (docs/benchmarks.md, issue 9, ninth pass), and a few microseconds of each streamed token's incremental decode.
+    (docs/design/step-pipeline.md), and a few microseconds of each streamed token's incremental decode.
     Any other tokenizer goes through `decode`."""
     from transformers import PreTrainedTokenizerFast
 

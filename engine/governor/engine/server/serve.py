@@ -14,7 +14,8 @@ import uvicorn
 
 from governor import contract
 from governor.engine.config import EngineConfig
-from governor.engine.llm_engine import LLMEngine, freeze_startup_objects
+from governor.engine.gc_freeze import freeze_startup_objects
+from governor.engine.llm_engine import LLMEngine
 from governor.engine.server.app import ServerState, create_app
 from governor.engine.server.async_engine import AsyncEngine
 from governor.engine.server.metrics import EngineMetrics
