@@ -2614,6 +2614,20 @@ def resolve_json_path(path: str, schema: dict[str, Any], *, resource_root: bool 
     return node
 
 
+def _resolve_beyond(path: str, json_path: str, schema: dict[str, Any], errs: list[FieldError],
+                    unresolved: str) -> Any:
+    """The schema `json_path` reaches in `schema`, or None after adding to `errs` why it reaches none."""
+    try:
+        found = resolve_json_path(json_path, schema)
+    except ValueError as exc:
+        errs.append(_invalid(path, json_path, f"is not a JSONPath this check understands ({exc}); beyond the API "
+                                              "server"))
+        return None
+    if found is None:
+        errs.append(_invalid(path, json_path, unresolved))
+    return found
+
+
 def beyond_upstream_errors(crd: dict[str, Any]) -> list[FieldError]:
     """Checks the API server does NOT make: printer columns and scale paths must resolve in each version's schema.
 
@@ -2630,15 +2644,8 @@ def beyond_upstream_errors(crd: dict[str, Any]) -> list[FieldError]:
             if not json_path.startswith("."):
                 continue  # upstream already refuses it
             path = _child(_key(_child(version_path, "additionalPrinterColumns"), j), "jsonPath")
-            try:
-                found = resolve_json_path(json_path, schema)
-            except ValueError as exc:
-                errs.append(_invalid(path, json_path, f"is not a JSONPath this check understands ({exc}); beyond the "
-                                                      "API server"))
-                continue
-            if found is None:
-                errs.append(_invalid(path, json_path, "does not resolve to a field of the version's schema (a check "
-                                                      "beyond the API server, which accepts it and prints <none>)"))
+            _resolve_beyond(path, json_path, schema, errs, "does not resolve to a field of the version's schema (a "
+                            "check beyond the API server, which accepts it and prints <none>)")
         scale = (version.get("subresources") or {}).get("scale")
         if scale is None:
             continue
@@ -2648,16 +2655,9 @@ def beyond_upstream_errors(crd: dict[str, Any]) -> list[FieldError]:
             if not json_path.startswith("."):
                 continue
             path = _child(version_path, "subresources", "scale", key)
-            try:
-                found = resolve_json_path(json_path, schema)
-            except ValueError as exc:
-                errs.append(_invalid(path, json_path, f"is not a JSONPath this check understands ({exc}); beyond the "
-                                                      "API server"))
-                continue
-            if found is None:
-                errs.append(_invalid(path, json_path, f"does not resolve to a field of the version's schema; /scale "
-                                                      f"reads {wanted} there (a check beyond the API server)"))
-            elif found is not _UNKNOWN and found.get("type") != wanted.split()[-1]:
+            found = _resolve_beyond(path, json_path, schema, errs, "does not resolve to a field of the version's "
+                                    f"schema; /scale reads {wanted} there (a check beyond the API server)")
+            if found is not None and found is not _UNKNOWN and found.get("type") != wanted.split()[-1]:
                 errs.append(_invalid(path, json_path, f"resolves to a field of type {found.get('type') or 'unset'}, "
                                                       f"but /scale reads {wanted} there (a check beyond the API "
                                                       "server)"))
