@@ -37,19 +37,63 @@ BOS_ID, EOS_ID, IM_START_ID, IM_END_ID, PAD_ID = range(BPE_VOCAB_SIZE, VOCAB_SIZ
 
 # ChatML, as Qwen writes it, with Llama 3's leading BOS. Message content may be a string or a list
 # of {"type": "text", "text": ...} parts (the OpenAI form); other roles are refused, not guessed.
+#
+# Tools, Hermes-style (as Qwen2.5 and Qwen3 take them, so the `hermes` tool-call parser reads the output):
+# `tools` become a system block listing each function's JSON signature inside <tools></tools>, after the
+# conversation's own system message when it opens with one; an assistant's `tool_calls` are <tool_call>
+# blocks of {"name": ..., "arguments": {...}}, written as the parser returns them, so a call sent back
+# renders as it was generated; tool results are <tool_response> blocks, consecutive ones in one user
+# turn. A tool message must answer an assistant's tool_calls. A conversation without tools, tool calls
+# or tool messages renders as plain ChatML.
 CHAT_TEMPLATE = (
     "{{- bos_token }}"
+    "{%- if tools %}"
+    "{%- set tools_text = '# Tools\\n\\nYou can call functions to help with the request. Their signatures, in"
+    " JSON Schema, are inside <tools></tools>:\\n<tools>\\n' + (tools | map('tojson') | join('\\n'))"
+    " + '\\n</tools>\\n\\nTo call functions, answer with one <tool_call></tool_call> block per call, each"
+    " holding a JSON object with the function name and its arguments:\\n<tool_call>\\n"
+    "{\"name\": <function name>, \"arguments\": <arguments as a JSON object>}\\n</tool_call>' %}"
+    "{%- if not (messages and messages[0]['role'] == 'system') %}"
+    "{{- '<|im_start|>system\\n' + tools_text + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+    "{%- set ns = namespace(answering=false) %}"
     "{%- for message in messages %}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{- raise_exception('role must be system, user or assistant, got ' + message['role']) }}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool']"
+    " or (message['role'] == 'tool' and not ns.answering) %}"
+    "{{- raise_exception('role must be system, user or assistant (or tool, answering an assistant message"
+    " with tool_calls), got ' + message['role']) }}"
     "{%- endif %}"
     "{%- if message['content'] is string %}"
     "{%- set content = message['content'] %}"
+    "{%- elif message['content'] is none %}"
+    "{%- set content = '' %}"
     "{%- else %}"
     "{%- set content = message['content'] | selectattr('type', 'equalto', 'text')"
     " | map(attribute='text') | join('') %}"
     "{%- endif %}"
+    "{%- set calls = message['tool_calls'] if message['role'] == 'assistant' and message['tool_calls'] is defined"
+    " and message['tool_calls'] else [] %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif calls %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- for call in calls %}"
+    "{%- set function = call['function'] if call['function'] is defined else call %}"
+    "{%- if content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + (function['name'] | tojson) + ', \"arguments\": '"
+    " + (function['arguments'] if function['arguments'] is string else (function['arguments'] | tojson))"
+    " + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif tools and loop.first and message['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + content + '\\n\\n' + tools_text + '<|im_end|>\\n' }}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns.answering = message['role'] == 'tool' or calls | length > 0 %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
