@@ -2,8 +2,11 @@
 batch size. Batch 1 is the latency one user sees; it is what tensor parallelism shortens.
 
 Every step ends with the sampled token ids on the host, so wall time between steps is the step's time.
-A step counts as decode once every request of the batch has its first token; its time is the latency
-of one output token of each request.
+A step counts as decode once every request of the batch has its first token, while every request still
+gets a token from it; its time is the latency of one output token of each request. Requests are greedy;
+`--penalties` and `--structured json` add logits processing to every one (`bench_throughput.RequestOptions`),
+whose per-token cost is the difference to the plain run. A structured request ends with its object, so
+its decode steps are those up to the first request's end.
 
 On a GPU it also reports the memory roofline: a decode step must read every weight the step uses (all
 but the input embedding table, of which it gathers a row per token) and each sequence's KV, so the
@@ -24,12 +27,11 @@ from typing import Any
 import torch
 
 from governor.engine.bench_cache import random_ids
-from governor.engine.bench_throughput import sync_device
+from governor.engine.bench_throughput import RequestOptions, sync_device
 from governor.engine.gc_freeze import startup_objects_frozen
 from governor.engine.kv.cache import bytes_per_block
 from governor.engine.llm import LLM
 from governor.engine.llm_engine import LLMEngine
-from governor.engine.sampling_params import SamplingParams
 
 
 def hbm_bandwidth_gb_per_s(nbytes: int = 2**30, iters: int = 20) -> float:
@@ -100,9 +102,10 @@ def _record_forward_times(engine: LLMEngine) -> list[tuple[torch.cuda.Event, tor
     return times
 
 
-def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, rng: random.Random) -> dict[str, Any]:
+def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, rng: random.Random,
+                 options: RequestOptions) -> dict[str, Any]:
     vocab = min(engine.model_config.vocab_size, len(engine.tokenizer))
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    params = options.params(new_tokens)
     ids = [f"latency-{time.monotonic_ns()}-{i}" for i in range(batch)]
     sync_device()
     forward_times = _record_forward_times(engine) if engine.device.type == "cuda" else None
@@ -112,15 +115,22 @@ def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, r
     started: set[str] = set()
     ttft: float | None = None
     decode: list[float] = []
+    timed_forwards: list[int] = []  # the forward_times entry of each timed decode step
+    whole = True  # every request took part in every decode step so far
     while engine.has_unfinished_requests():
         result = engine.step()
         now = time.perf_counter()
+        got = [ev.request_id for ev in result.events if ev.token_id is not None]
         if ttft is None:
-            started.update(ev.request_id for ev in result.events if ev.token_id is not None)
+            started.update(got)
             if len(started) == batch:
                 ttft = now - t0
-        else:
+        elif whole and len(got) == batch:
             decode.append(now - last)
+            if forward_times is not None:
+                timed_forwards.append(len(forward_times) - 1)
+        else:
+            whole = False
         last = now
     if not decode:
         raise ValueError(f"new_tokens={new_tokens} leaves no decode step to time; ask for at least 2")
@@ -133,7 +143,7 @@ def _timed_batch(engine: LLMEngine, batch: int, context: int, new_tokens: int, r
     if forward_times is not None:
         del engine.runner.execute  # back to the class's method
         sync_device()
-        forward = sorted(s.elapsed_time(e) for s, e in forward_times[-len(decode):])
+        forward = sorted(forward_times[i][0].elapsed_time(forward_times[i][1]) for i in timed_forwards)
         row["forward_ms_p50"] = forward[len(forward) // 2]
     return row
 
@@ -148,22 +158,24 @@ def _roofline(engine: LLMEngine, row: dict[str, Any], weight_bytes: int, gb_per_
 
 
 def bench_latency(model: str, engine_args: dict[str, Any], context: int, batches: list[int], new_tokens: int,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, options: RequestOptions | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
+    opts = options or RequestOptions()
     # Before the engine takes the free memory for its KV cache.
     gb_per_s = hbm_bandwidth_gb_per_s() if torch.cuda.is_available() and engine_args.get("device") != "cpu" else None
     with LLM(model, **engine_args) as llm:
         eng = llm.engine
-        _timed_batch(eng, 1, context, min(new_tokens, 8), rng)  # warm-up: kernel compilation, allocator
+        # Warm-up: kernel compilation, allocator, a structured request's grammar.
+        _timed_batch(eng, 1, context, min(new_tokens, 8), rng, opts)
         with startup_objects_frozen():  # as `governor serve` has them once its engine has started
-            rows = [_timed_batch(eng, b, context, new_tokens, rng) for b in batches]
+            rows = [_timed_batch(eng, b, context, new_tokens, rng, opts) for b in batches]
         graphs = eng.runner.graphs
         info: dict[str, Any] = {
             "model_digest": eng.model_digest, "dtype": str(eng.dtype), "device": str(eng.device),
             "tensor_parallel_size": eng.config.tensor_parallel_size, "kv_blocks_total": eng.num_blocks,
             "settings": eng.config.non_default_settings(), "cuda_graphs": graphs is not None,
             "cuda_graph_captures": graphs.num_captures if graphs is not None else 0,
-            "cuda_graph_capture_s": eng.cuda_graph_capture_s}
+            "cuda_graph_capture_s": eng.cuda_graph_capture_s, "requests": opts.describe()}
         if gb_per_s is not None and eng.device.type == "cuda":
             weight_bytes = decode_weight_bytes(eng)
             info.update(hbm_copy_gb_per_s=gb_per_s, decode_weight_bytes=weight_bytes)

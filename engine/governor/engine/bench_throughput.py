@@ -2,6 +2,10 @@
 
 The same workload runs through the engine or, with backend "hf", through Hugging Face transformers
 `generate` on the same device, so both figures come from one command and one envelope.
+
+Engine requests are greedy; `--penalties` gives every one presence, frequency and repetition penalties, and
+`--structured json` constrains every one to a small JSON Schema (it then ends when its object is complete),
+so the cost of logits processing shows against the plain run (`RequestOptions`, shared with `bench latency`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,48 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from governor.engine.sampling_params import SamplingParams, StructuredOutputsParams
+
+# `--structured json`: a small schema with bounded fields, so a random model's object ends in tens of tokens.
+BENCH_JSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "color": {"enum": ["red", "green", "blue"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "color", "active"],
+    "additionalProperties": False,
+}
+STRUCTURED_KINDS = ("json",)
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """What a benchmark's engine requests use beyond greedy decoding: penalties (presence 0.5, frequency 0.5,
+    repetition 1.1 on every request) and/or structured outputs ("json": BENCH_JSON_SCHEMA on every request)."""
+
+    penalties: bool = False
+    structured: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.structured is not None and self.structured not in STRUCTURED_KINDS:
+            raise ValueError(f"structured must be one of {', '.join(STRUCTURED_KINDS)}, got {self.structured!r}")
+
+    def params(self, max_tokens: int) -> SamplingParams:
+        """The sampling parameters of one benchmark request generating up to `max_tokens` tokens (ignore_eos)."""
+        on = self.penalties
+        schema = StructuredOutputsParams(json=BENCH_JSON_SCHEMA) if self.structured == "json" else None
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                              presence_penalty=0.5 if on else 0.0, frequency_penalty=0.5 if on else 0.0,
+                              repetition_penalty=1.1 if on else 1.0, structured_outputs=schema)
+
+    def describe(self) -> dict[str, Any]:
+        """The options as a benchmark result records them."""
+        return {"penalties": self.penalties, "structured": self.structured}
 
 
 @dataclass
@@ -54,16 +100,18 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> dict[str, Any]:
-    from governor.engine import LLM, SamplingParams
+def run_engine(model: str, workload: Workload, engine_args: dict[str, Any],
+               options: RequestOptions | None = None) -> dict[str, Any]:
+    from governor.engine import LLM
     from governor.engine.gc_freeze import startup_objects_frozen
 
+    opts = options or RequestOptions()
     with LLM(model, **engine_args) as llm:
         eng = llm.engine
         prompts, out_lens = workload.make(min(eng.model_config.vocab_size, len(eng.tokenizer)))
-        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in out_lens]
-        # Warm-up (kernel compilation, allocator) on a small slice, not timed.
-        llm.generate([p[:16] for p in prompts[:2]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        params = [opts.params(n) for n in out_lens]
+        # Warm-up (kernel compilation, allocator, a structured request's grammar) on a small slice, not timed.
+        llm.generate([p[:16] for p in prompts[:2]], opts.params(4))
         with startup_objects_frozen():  # as `governor serve` has them once its engine has started
             sync_device()
             t0 = time.perf_counter()
@@ -88,6 +136,7 @@ def run_engine(model: str, workload: Workload, engine_args: dict[str, Any]) -> d
         "generated_tokens": gen,
         "output_tokens_per_s": gen / elapsed,
         "total_tokens_per_s": (gen + sum(len(p) for p in prompts)) / elapsed,
+        "requests": opts.describe(),
     }
 
 
@@ -241,11 +290,13 @@ def sync_device() -> None:
 
 
 def bench_throughput(model: str, workload: Workload, backend: str, engine_args: dict[str, Any],
-                     hf_batch_size: int, output_json: str | None, hf_options: HFOptions | None = None
-                     ) -> dict[str, Any]:
+                     hf_batch_size: int, output_json: str | None, hf_options: HFOptions | None = None,
+                     options: RequestOptions | None = None) -> dict[str, Any]:
     if backend == "governor":
-        result = run_engine(model, workload, engine_args)
+        result = run_engine(model, workload, engine_args, options)
     elif backend == "hf":
+        if options is not None and options != RequestOptions():
+            raise ValueError("--penalties and --structured apply to the governor backend only")
         device = engine_args.get("device", "auto")
         device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
         dtype = engine_args.get("dtype", "auto")

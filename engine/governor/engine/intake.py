@@ -29,6 +29,10 @@ def validate_request(prompt: Prompt, params: SamplingParams, tokenizer: Any, voc
                      max_model_len: int) -> tuple[str | None, list[int], int]:
     """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid."""
     params.validate()
+    outside = sorted(t for t in params.logit_bias or {} if t >= vocab_size)
+    if outside:
+        raise ValueError(f"logit_bias token ids must be in the model's vocabulary [0, {vocab_size}); "
+                         f"{', '.join(map(str, outside[:5]))} {'is' if len(outside) == 1 else 'are'} not")
     text, ids = prompt_token_ids(prompt, tokenizer)
     if not ids:
         raise ValueError("the prompt is empty: give at least one token")

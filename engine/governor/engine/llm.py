@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence as Seq
 from typing import Any
 
@@ -57,12 +58,24 @@ class LLM:
         self._next_id += len(prompts)
         for prompt, p in zip(prompts, params, strict=True):
             self.engine.validate_request(prompt, p)
+        children: dict[str, list[str]] = {}
         for rid, prompt, p in zip(ids, prompts, params, strict=True):
-            self.engine.add_request(rid, prompt, p)
+            if p.n == 1:
+                self.engine.add_request(rid, prompt, p)
+                continue
+            # Parallel sampling: n requests, the later ones starting from the first one's prompt KV blocks.
+            children[rid] = [f"{rid}.{i}" for i in range(p.n)]
+            for i, child in enumerate(children[rid]):
+                own = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i)
+                self.engine.add_request(child, prompt, own, share_prompt_of=children[rid][0] if i else None)
         done: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
             for out in self.engine.step().finished:
                 done[out.request_id] = out
+        for rid, kids in children.items():
+            outs = [done.pop(k) for k in kids]
+            completions = [dataclasses.replace(o.outputs[0], index=i) for i, o in enumerate(outs)]
+            done[rid] = dataclasses.replace(outs[0], request_id=rid, outputs=completions)
         return [done[rid] for rid in ids]
 
     def stats(self) -> dict[str, Any]:

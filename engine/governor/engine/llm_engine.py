@@ -10,7 +10,7 @@ import logging
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -21,6 +21,7 @@ from governor.engine.intake import Prompt
 from governor.engine.kv.block_hash import identity_seed
 from governor.engine.kv.block_pool import BlockPool
 from governor.engine.kv.cache import bytes_per_block
+from governor.engine.logits_processing import LogitsProcessor, needs_processing
 from governor.engine.models.checkpoint import model_digest, tokenizer_digest
 from governor.engine.models.model_config import load_model_config
 from governor.engine.outputs import RequestOutput, StepResult, TokenEvent
@@ -39,6 +40,9 @@ from governor.engine.tp.rank0 import start_workers, stop_workers
 from governor.engine.tp.sharding import shard_config
 from governor.engine.warm_up import warm_up_kernels
 from governor.engine.worker import Worker, WorkerSpec
+
+if TYPE_CHECKING:  # imported when the first structured request comes: the grammar library loads with it
+    from governor.engine.structured import StructuredOutputs
 
 log = logging.getLogger("governor.engine")
 
@@ -67,6 +71,8 @@ class LLMEngine:
     """One model on one device, or split over `tensor_parallel_size` devices (one process per rank: this
     one is rank 0 and runs everything but the other shards' forward): requests in, finished outputs out,
     one `step()` at a time. `close()` stops the tensor-parallel workers."""
+
+    _structured_outputs: StructuredOutputs | None = None  # `structured_outputs()`, once a structured request came
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -165,7 +171,8 @@ class LLMEngine:
         self._readback = [(torch.empty(config.seqs_cap, dtype=torch.int64, pin_memory=pin),
                            torch.cuda.Event() if pin else None) for _ in range(2)]
         self._readback_turn = 0
-        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0}
+        self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0,
+                         "tokens_computed": 0}
 
     @property
     def use_cuda_graphs(self) -> bool:
@@ -236,17 +243,23 @@ class LLMEngine:
         return intake.prompt_token_ids(prompt, self.tokenizer)
 
     def validate_request(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int], int]:
-        """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid."""
+        """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid (an
+        output constraint is compiled here: a bad schema, regex or grammar fails before anything is queued)."""
+        if params.structured_outputs is not None:
+            self.structured_outputs().compile(params.structured_outputs)
         return intake.validate_request(prompt, params, self.tokenizer, self.model_config.vocab_size,
                                        self.max_model_len)
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *, stream_text: bool = False,
-                    timeout_s: float | None = None, cache_salt: str | None = None) -> None:
+                    timeout_s: float | None = None, cache_salt: str | None = None,
+                    share_prompt_of: str | None = None) -> None:
         """Validate and queue a request; raises ValueError with the reason if it cannot be served.
 
         stream_text: keep an incremental detokenizer so each TokenEvent carries its text delta.
         timeout_s: end the request with finish_reason "timeout" once this much time has passed.
         cache_salt: prefix-cache isolation; a dict prompt's "cache_salt" takes precedence.
+        share_prompt_of: a live request with the same prompt (a parallel sample's sibling): this one starts from
+        its full prompt KV blocks once it has computed them, instead of computing its own.
         """
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s}")
@@ -258,6 +271,9 @@ class LLMEngine:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(params.seed)
         seq = Sequence(request_id, next(self._arrivals), ids, params, max_tokens, generator=generator)
+        sibling = self._requests.get(share_prompt_of) if share_prompt_of is not None else None
+        if sibling is not None and sibling.seq.prompt_token_ids == ids:
+            seq.prompt_source = sibling.seq
         if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
             cache_salt = str(prompt["cache_salt"])
         if self.config.enable_prefix_caching:
@@ -265,17 +281,39 @@ class LLMEngine:
         now = time.monotonic()
         detok = None
         stop_strings = params.stop_strings
-        if stream_text or stop_strings:
-            detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        grammar = None
+        if params.structured_outputs is not None:  # an invalid schema, regex or grammar is a ValueError here
+            grammar = self.structured_outputs().matcher(params.structured_outputs)
+        if needs_processing(params):
+            seq.logits_processor = LogitsProcessor(params, seq.prompt_token_ids, seq.output_token_ids,
+                                                   sorted(stop_ids), grammar)
+        # A grammar's end token, a special token, stays out of the text: skipped by the decode, or not added to
+        # the detokenizer's text when special tokens are kept (`RequestState.append`).
+        if stream_text or stop_strings or (grammar is not None and not params.skip_special_tokens):
+            detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
         req = RequestState(seq, text, now, stop_ids, stop_strings, min(max_tokens, self.max_model_len - len(ids)),
-                           argmax_only(params), detok)
+                           argmax_only(params), detok, min_tokens=params.min_tokens,
+                           include_stop_str=params.include_stop_str_in_output, grammar=grammar)
         self._requests[request_id] = req
         self._num_not_argmax += not req.argmax_only
         if timeout_s:
             self._deadlines[request_id] = now + timeout_s
         self.scheduler.add(seq)
         self.counters["prompt_tokens"] += len(ids)
+
+    def structured_outputs(self) -> StructuredOutputs:
+        """The engine's grammar compiler, created at the first structured request with the engine's tokenizer and
+        the model's vocabulary (the logits' width). A grammar ends on the model's EOS ids that are special tokens
+        (one that is also text, such as a byte, would be lost to the output's text); none: the tokenizer's EOS."""
+        if self._structured_outputs is None:
+            from governor.engine.structured import StructuredOutputs
+
+            special = set(self.tokenizer.all_special_ids)
+            stops = sorted(t for t in self.eos_token_ids if t in special)
+            self._structured_outputs = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
+                                                         stop_token_ids=stops or None)
+        return self._structured_outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -339,6 +377,7 @@ class LLMEngine:
         argmax_step = self._argmax_step(out)
         logits = self._execute(out, fp32_logits=not argmax_step)
         self.counters["steps"] += 1
+        self.counters["tokens_computed"] += sum(s.num_new_tokens for s in out.scheduled)
         sampling: list[ScheduledSeq] = []
         settle = self.scheduler.settle_blocks
         for s in out.scheduled:  # KV of known tokens is now written; drafts are settled after verification
@@ -409,6 +448,7 @@ class LLMEngine:
             return None
         logits = self._execute(out, feed=prev.tokens, fp32_logits=False)  # its tokens are argmaxes
         self.counters["steps"] += 1
+        self.counters["tokens_computed"] += len(out.scheduled)
         settle = self.scheduler.settle_blocks
         for s in out.scheduled:  # one past the known tokens until prev's token joins them (`_complete`)
             s.seq.num_computed_tokens += 1
@@ -438,12 +478,7 @@ class LLMEngine:
         """Append a new token to its request, check the stop conditions and emit the token's event;
         True when the request finished."""
         seq = req.seq
-        seq.output_token_ids.append(token)
-        if lp is not None:
-            seq.logprobs.append(lp)
-        if req.detok is not None:
-            req.detok.add(token)
-        reason = req.check_stop(token)
+        reason = req.append(token, lp)
         if reason is None:
             result.events.append(TokenEvent(seq.request_id, token, req.text_delta(), lp, None, None))
             return False
@@ -481,7 +516,8 @@ class LLMEngine:
                 # Every request is greedy without logprobs (argmax_only): one argmax, nothing per row.
                 return _Sampled(greedy_tokens(logits), None, None)
             seqs = [s.seq for s in sampling]
-            sampled = sample(logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator)
+            sampled = sample(logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator,
+                             [q.logits_processor for q in seqs])
             return _Sampled(sampled.token_ids, sampled.logprobs, None)
         out = sample_with_drafts(sampling, logits, draft_probs, self.generator)
         return _Sampled([t for tokens, _ in out for t in tokens], [lp for _, lps in out for lp in lps],
@@ -544,6 +580,7 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.scheduler.prefix_cache_queries,
             "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
+            "prompt_tokens_shared": self.scheduler.prompt_tokens_shared,
             "kv_blocks_cached": self.block_pool.num_cached,
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),

@@ -1,11 +1,14 @@
-"""Turns a step's logits into next tokens: greedy, temperature, top-k, top-p, min-p, per-request seeds."""
+"""Turns a step's logits into next tokens: each request's logits processing (`logits_processing`: logit bias,
+min_tokens, penalties, structured outputs), then greedy, temperature, top-k, top-p, min-p, per-request seeds."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from governor.engine.logits_processing import LogitsProcessor, needs_processing, process_logits
 from governor.engine.sampling_params import SamplingParams
 
 
@@ -17,8 +20,9 @@ class SampleResult:
 
 
 def argmax_only(params: SamplingParams) -> bool:
-    """Whether a request's tokens are a plain argmax of its logits: greedy, without logprobs."""
-    return params.greedy and params.logprobs is None
+    """Whether a request's tokens are a plain argmax of its logits: greedy, without logprobs, and without
+    logits processing (`logits_processing.needs_processing`)."""
+    return params.greedy and params.logprobs is None and not needs_processing(params)
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
@@ -53,24 +57,27 @@ def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           default_generator: torch.Generator | None = None) -> SampleResult:
+           default_generator: torch.Generator | None = None,
+           processors: Sequence[LogitsProcessor | None] | None = None) -> SampleResult:
     """Sample one token per row of fp32 `logits` [B, V].
 
-    Random rows use the exponential-race trick (argmax of p / E, E ~ Exp(1)), which draws exactly
-    from p; a row with its own generator (a request seed) draws only from it, so its output does not
-    depend on what else shares the batch.
+    Row i's logits are first processed by `processors[i]` when there is one (`logits_processing`); the
+    logprobs are those of the raw rows. Random rows use the exponential-race trick (argmax of p / E,
+    E ~ Exp(1)), which draws exactly from p; a row with its own generator (a request seed) draws only
+    from it, so its output does not depend on what else shares the batch.
     """
+    x = logits if processors is None else process_logits(logits, processors)
     if all(p.greedy for p in params):
-        token_list = greedy_tokens(logits)
+        token_list = greedy_tokens(x)
     else:
-        probs = filtered_logits(logits, params).softmax(dim=1)
+        probs = filtered_logits(x, params).softmax(dim=1)
         noise = torch.empty_like(probs).exponential_(generator=default_generator)
         for i, g in enumerate(generators):
             if g is not None and not params[i].greedy:
                 noise[i].exponential_(generator=g)
         sampled = (probs / noise).argmax(dim=1)
         is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        token_list = torch.where(is_greedy, logits.argmax(dim=1), sampled).tolist()  # the one host sync
+        token_list = torch.where(is_greedy, x.argmax(dim=1), sampled).tolist()  # the one host sync
 
     return SampleResult(token_list, token_logprobs(logits, token_list, [p.logprobs for p in params]))
 

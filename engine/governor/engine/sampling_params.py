@@ -39,6 +39,7 @@ class SamplingParams:
     max_tokens None means "up to max_model_len".
     """
 
+    n: int = 1  # outputs per prompt (parallel sampling: they share the prompt's KV blocks; seeds seed + index)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -78,6 +79,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError naming the field, the value and the accepted range."""
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

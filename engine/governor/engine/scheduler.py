@@ -78,6 +78,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.prefix_cache_queries = 0  # prompt tokens looked up in the prefix index
         self.prefix_cache_hit_tokens = 0  # of those, tokens found cached (prefill avoided)
+        self.prompt_tokens_shared = 0  # prompt tokens parallel samples took from a sibling (prefill avoided)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -154,6 +155,23 @@ class Scheduler:
             hits = hits[:-1]  # the last position's logits are needed: recompute its block
         return hits
 
+    def _shared_prompt(self, seq: Sequence) -> list[int] | None:
+        """The full prompt blocks seq takes from the sibling it shares its prompt with (`prompt_source`): [] when
+        it shares none (no sibling, or the sibling ended), None while the sibling has yet to compute them. At
+        least one prompt token is left to compute, for its logits. Prompt blocks are never written again, so
+        sharing them needs only a reference each."""
+        src = seq.prompt_source
+        if src is None:
+            return []
+        full = (seq.num_tokens - 1) // self.block_size
+        if src.status is SequenceStatus.FINISHED or src.num_preemptions or full == 0:
+            seq.prompt_source = None
+            return []
+        if src.status is SequenceStatus.WAITING or src.num_computed_tokens < full * self.block_size:
+            return None
+        seq.prompt_source = None
+        return src.block_table[:full]
+
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Register seq's newly completed blocks in the prefix index (after its step ran)."""
         if not self.enable_prefix_caching or seq.cache_seed is None:
@@ -229,7 +247,10 @@ class Scheduler:
         admitted: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.knobs.max_num_seqs:
             seq = self.waiting[0]
-            hits = self._cached_prefix(seq)
+            shared = self._shared_prompt(seq)
+            if shared is None:
+                break  # its sibling is still computing the prompt they share: admit it after that
+            hits = shared or self._cached_prefix(seq)
             revived = sum(1 for b in hits if self.block_pool.ref_counts[b] == 0)
             start = len(hits) * self.block_size
             capacity = (len(hits) + self.block_pool.num_free - revived) * self.block_size - start
@@ -244,7 +265,9 @@ class Scheduler:
             seq.block_table = list(hits)
             seq.num_computed_tokens = start
             seq.num_cached_blocks = len(hits)
-            if self.enable_prefix_caching and seq.cache_seed is not None:
+            if shared:
+                self.prompt_tokens_shared += start
+            elif self.enable_prefix_caching and seq.cache_seed is not None:
                 self.prefix_cache_queries += seq.num_tokens
                 self.prefix_cache_hit_tokens += start
             fit = self._aligned(seq, fit)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from governor.engine.logits_processing import LogitsProcessor
 from governor.engine.sampling_params import SamplingParams
 
 
@@ -48,6 +49,10 @@ class Sequence:
     cache_seed: bytes | None = None
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_blocks: int = 0
+    # Parallel sampling (n > 1): the sibling whose prompt KV this sequence starts from, until it is admitted.
+    prompt_source: Sequence | None = None
+    # What its sampling parameters do to its logits before sampling; None when nothing (most requests).
+    logits_processor: LogitsProcessor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,5 +1,10 @@
 """A step's drafts on the engine's side: filling the slots the scheduler reserved from the proposer, and the tokens
-of a step that carries drafts (each sequence's accepted drafts, then one token of its own)."""
+of a step that carries drafts (each sequence's accepted drafts, then one token of its own).
+
+A request whose logits are processed before sampling (`logits_processing`: penalties, logit bias, min_tokens,
+a grammar) gets no drafts: verifying them would need its processing at every draft position, as if the drafts
+before it were already output (penalty counts, min_tokens, a grammar advanced through them and back). It samples
+one token a step, as without speculation; its reserved slots go unused."""
 
 from __future__ import annotations
 
@@ -17,7 +22,13 @@ def propose_drafts(proposer: Proposer | None, scheduled: list[ScheduledSeq]) -> 
     """Fill each speculative decode's draft slots (none without a proposer); returns draft distributions by
     id(seq) (draft model, sampled requests only)."""
     probs: dict[int, torch.Tensor] = {}
-    spec = [s for s in scheduled if s.num_spec > 0]
+    spec = []
+    for s in scheduled:
+        if s.num_spec > 0:
+            if s.seq.logits_processor is None:
+                spec.append(s)
+            else:
+                s.set_drafts([])  # a request with logits processing gets no drafts (see the module)
     if not spec or proposer is None:
         for s in spec:
             s.set_drafts([])
@@ -40,13 +51,14 @@ def sample_with_drafts(sampling: list[ScheduledSeq], logits: torch.Tensor, draft
     if plain:
         seqs = [sampling[i].seq for i in plain]
         sampled = sample(logits[[rows[i] for i in plain]], [q.params for q in seqs], [q.generator for q in seqs],
-                         generator)
+                         generator, [q.logits_processor for q in seqs])
         for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
             out[i] = ([tok], [lp])
     for i, s in enumerate(sampling):
         if not s.draft_tokens:
             continue
         seq, block = s.seq, logits[rows[i]:rows[i + 1]]
+        assert seq.logits_processor is None, "a request with logits processing is given no drafts"
         if seq.params.greedy:
             tokens = accept_greedy(block.argmax(dim=1).tolist(), s.draft_tokens)
         else:
