@@ -6,11 +6,16 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel
 
 from governor.engine.config import EngineConfig
+from governor.engine.server import DEFAULT_MAX_REQUEST_BODY_BYTES, TOOL_CALL_PARSERS
+from governor.engine.server.metrics import METRICS_NAMES
+
+if TYPE_CHECKING:  # the benchmarks load torch: imported when a bench command runs
+    from governor.engine.bench_throughput import RequestOptions
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -31,6 +36,20 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def _engine_args(ns: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(ns, k) for k in EngineConfig.model_fields if k != "model" and getattr(ns, k, None) is not None}
+
+
+def _add_request_options(p: argparse.ArgumentParser) -> None:
+    """What a benchmark's engine requests add to greedy decoding (`bench_throughput.RequestOptions`)."""
+    p.add_argument("--penalties", action="store_true",
+                   help="presence, frequency and repetition penalties on every request")
+    p.add_argument("--structured", default=None, choices=("json",),
+                   help="structured outputs on every request: json = a small JSON Schema")
+
+
+def _request_options(ns: argparse.Namespace) -> RequestOptions:
+    from governor.engine.bench_throughput import RequestOptions
+
+    return RequestOptions(penalties=ns.penalties, structured=ns.structured)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="namespace label on metrics (default env GOVERNOR_NAMESPACE, else none)")
     sv.add_argument("--salt-per-api-key", action="store_true",
                     help="isolate the prefix cache per client API key (Authorization bearer token)")
+    sv.add_argument("--metrics-names", default="governor", choices=METRICS_NAMES,
+                    help="governor: Governor's metric names; vllm: vLLM's names (vllm:*) as well, for dashboards, "
+                         "autoscaler triggers and gateway endpoint pickers written for vLLM (docs/metrics.md)")
+    sv.add_argument("--api-key", default=None,
+                    help="require this bearer token on /v1 (else env GOVERNOR_API_KEY; neither: /v1 is open)")
+    sv.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                    help="larger request bodies get 413 before they are read (default %(default)s)")
+    sv.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                    help="how tool calls are read from chat output (hermes: Qwen/Hermes; llama3_json: Llama 3.x)")
+    sv.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help="let the model decide to call tools (tool_choice auto); needs --tool-call-parser")
     _add_engine_args(sv)
 
     mm = sub.add_parser("make-model", help="write a random-weight Hugging Face checkpoint")
@@ -92,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="hf: warm up on a whole first batch, stopped after N new tokens (default: 2 prompts)")
     tp.add_argument("--hf-progress-every", type=int, default=None, help="hf: log time every N generated tokens")
     tp.add_argument("--output-json", default=None)
+    _add_request_options(tp)
     _add_engine_args(tp)
 
     px = bsub.add_parser("prefix", help="TTFT cold vs warm with a shared system prompt; hit-vs-cold divergence")
@@ -120,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--batches", default="1", help="comma-separated batch sizes")
     lt.add_argument("--new-tokens", type=int, default=128)
     lt.add_argument("--output-json", default=None)
+    _add_request_options(lt)
     _add_engine_args(lt)
 
     sp = bsub.add_parser("spec", help="speculative decoding speedup over plain decoding by batch and K")
@@ -164,16 +196,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        from governor.engine.server.serve import read_admin_token, serve
+        from governor.engine.server.serve import ServeOptions, read_admin_token, read_api_key, serve
 
         if args.max_queue < 1:
             raise ValueError(f"--max-queue must be at least 1, got {args.max_queue}")
+        if args.max_request_body_bytes < 1024:
+            raise ValueError(f"--max-request-body-bytes must be at least 1024, got {args.max_request_body_bytes}")
+        if args.enable_auto_tool_choice and args.tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
         engine_args = _engine_args(args)
         engine_args.setdefault("enable_prefix_caching", True)  # on by default when serving
         config = EngineConfig(model=args.model, **engine_args)
-        return serve(config, args.host, args.port, args.served_model_name, read_admin_token(args.admin_token_file),
-                     args.max_queue, args.drain_grace_s, args.revision, args.salt_per_api_key,
-                     namespace=args.namespace)
+        options = ServeOptions(args.host, args.port, args.served_model_name, read_admin_token(args.admin_token_file),
+                               args.max_queue, args.drain_grace_s, args.revision, args.namespace,
+                               args.salt_per_api_key, read_api_key(args.api_key), args.max_request_body_bytes,
+                               args.tool_call_parser if args.enable_auto_tool_choice else None,
+                               metrics_names=args.metrics_names)
+        return serve(config, options)
     if args.command == "make-model":
         from governor.engine.models.make_model import make_model
 
@@ -202,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
                     args.hf_warmup_tokens, args.hf_progress_every)
         hf_options = HFOptions(*hf_flags) if any(f is not None for f in hf_flags) else None
         env = bench_throughput(args.model, workload, args.backend, _engine_args(args), args.hf_batch_size,
-                               args.output_json, hf_options)
+                               args.output_json, hf_options, _request_options(args))
         r = env["result"]
         print(f"{r['backend']}: {r['generated_tokens']} output tokens in {r['elapsed_s']:.2f} s = "
               f"{r['output_tokens_per_s']:.1f} output tok/s ({r['total_tokens_per_s']:.1f} total tok/s)")
@@ -217,7 +256,8 @@ def _run(args: argparse.Namespace) -> int:
         from governor.engine.bench_latency import bench_latency
 
         result = bench_latency(args.model, _engine_args(args), args.context,
-                               [int(b) for b in args.batches.split(",")], args.new_tokens)
+                               [int(b) for b in args.batches.split(",")], args.new_tokens,
+                               options=_request_options(args))
         eng = result["engine"]
         print("CUDA graphs: " + (f"{eng['cuda_graph_captures']} captured in {eng['cuda_graph_capture_s']:.1f} s"
                                  if eng["cuda_graphs"] else "off (eager)"))

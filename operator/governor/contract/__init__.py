@@ -15,9 +15,9 @@ ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN"
 
 
 class KnobsUpdate(BaseModel):
-    """Body of PUT /admin/knobs: any subset of the knobs."""
+    """Body of PUT /admin/knobs: any subset of the knobs. Strict: `true` or `"4"` is not a knob value."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     max_num_seqs: int | None = Field(default=None, ge=1, description="Most sequences running in one step.")
     max_num_batched_tokens: int | None = Field(default=None, ge=1,
@@ -67,6 +67,14 @@ SPEC_VERIFICATION_STEPS = "governor_spec_verification_steps_total"  # mean accep
 SPEC_ACCEPTED_BY_POSITION = "governor_spec_accepted_by_position_total"  # label position (1 = first draft)
 KNOB = "governor_knob"  # label name: the effective value of each live knob
 ENGINE_INFO = "governor_engine_info"
+KV_CACHE_USAGE = "governor_kv_cache_usage_ratio"  # blocks used / blocks in the pool, 0 to 1
+REQUEST_PROMPT_TOKENS = "governor_request_prompt_tokens"  # histogram, one observation per finished request
+REQUEST_GENERATION_TOKENS = "governor_request_generation_tokens"  # histogram, one per finished request
+PREFILL_SECONDS = "governor_request_prefill_time_seconds"  # first scheduled -> first token
+DECODE_SECONDS = "governor_request_decode_time_seconds"  # first token -> finish
+TPOT_SECONDS = "governor_request_time_per_output_token_seconds"  # decode time / (generated tokens - 1)
+ITERATION_TOKENS = "governor_iteration_tokens"  # histogram: tokens computed by one engine step
+HTTP_REQUESTS = "governor_http_requests_total"  # labels route (template), method, status
 
 # Every series carries these, so the operator and tuner can scope queries to one service (its served model
 # name and its namespace) and one revision. `namespace` is the label prometheus-operator's PodMonitor puts on

@@ -24,18 +24,35 @@ class QueueFullError(Exception):
 
 
 @dataclass
+class RequestFailed:
+    """The last item of a request that ended without an output: the engine failed, or the server shut down
+    before it finished. Shaped for an OpenAI error body."""
+
+    message: str
+    type: str = "server_error"
+    code: str | None = None
+
+
+ENGINE_FAILED = RequestFailed("the engine failed while running this request")
+ABORT_AT_SHUTDOWN = RequestFailed("the server shut down before this request finished (drain deadline)",
+                                  "server_error", "server_shutdown")
+
+
+@dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenEvent | RequestOutput]
+    queue: asyncio.Queue[TokenEvent | RequestOutput | RequestFailed]
     arrival: float
     last_token_at: float | None = None
 
 
 @dataclass
 class _Pending:
-    adds: list[tuple[str, list[int], SamplingParams, float | None, str | None]] = field(default_factory=list)
+    adds: list[tuple[str, list[int], SamplingParams, float | None, str | None, str | None]] = field(
+        default_factory=list)
     aborts: list[str] = field(default_factory=list)
-    knobs: list[tuple[dict[str, int], concurrent.futures.Future[Knobs]]] = field(default_factory=list)
+    knobs: list[tuple[dict[str, int], concurrent.futures.Future[tuple[Knobs, Knobs]]]] = field(default_factory=list)
+    ends: list[tuple[str, RequestFailed]] = field(default_factory=list)  # requests to end with an error
 
 
 class AsyncEngine:
@@ -72,32 +89,45 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return len(self._streams)
 
-    def num_waiting(self) -> int:
+    def num_waiting(self, more: int = 0) -> int:
+        """Requests that would wait for a running slot with `more` added now: those not yet handed to the step
+        thread and those the scheduler queues, less the slots free under max_num_seqs (where the next step takes
+        them). A burst that fits the running slots and the queue is admitted whole."""
         with self._lock:
             pending = len(self._pending.adds)
-        return pending + len(self.engine.scheduler.waiting)
+        scheduler = self.engine.scheduler
+        free = max(0, self.engine.knobs.max_num_seqs - len(scheduler.running))
+        return max(0, pending + len(scheduler.waiting) + more - free)
+
+    def admit(self, count: int = 1) -> None:
+        """QueueFullError unless `count` more requests leave at most max_queue waiting."""
+        if self.num_waiting(count) > self.max_queue:
+            raise QueueFullError(f"{self.max_queue} requests are already waiting")
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       timeout_s: float | None = None, cache_salt: str | None = None
-                       ) -> AsyncGenerator[TokenEvent | RequestOutput, None]:
-        """Yield the request's token events, then its final RequestOutput. Leaving early (a client that
-        disconnected) aborts the request and frees its KV blocks."""
+                       timeout_s: float | None = None, cache_salt: str | None = None, admitted: bool = False,
+                       share_prompt_of: str | None = None
+                       ) -> AsyncGenerator[TokenEvent | RequestOutput | RequestFailed, None]:
+        """Yield the request's token events, then its final RequestOutput (or a RequestFailed). Leaving early (a
+        client that disconnected) aborts the request and frees its KV blocks. `admitted`: the caller already
+        checked the queue for it (`admit`, for the requests of one HTTP request together). `share_prompt_of`: a
+        sibling with the same prompt, added before this one (`LLMEngine.add_request`)."""
         self.engine.validate_request({"prompt_token_ids": prompt_token_ids}, params)
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s}")
-        if self.num_waiting() >= self.max_queue:
-            raise QueueFullError(f"{self.max_queue} requests are already waiting")
+        if not admitted:
+            self.admit()
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
-            self._pending.adds.append((request_id, prompt_token_ids, params, timeout_s, cache_salt))
+            self._pending.adds.append((request_id, prompt_token_ids, params, timeout_s, cache_salt, share_prompt_of))
         self._wake.set()
         done = False
         try:
             while True:
                 item = await stream.queue.get()
                 yield item
-                if isinstance(item, RequestOutput):
+                if isinstance(item, RequestOutput | RequestFailed):
                     done = True
                     return
         finally:
@@ -106,9 +136,19 @@ class AsyncEngine:
                     self._pending.aborts.append(request_id)
                 self._wake.set()
 
-    async def update_knobs(self, changes: dict[str, int]) -> Knobs:
-        """Apply at the next step boundary; returns the effective knobs. ValueError names a violated bound."""
-        fut: concurrent.futures.Future[Knobs] = concurrent.futures.Future()
+    def end_all(self, failure: RequestFailed) -> int:
+        """End every request in flight with `failure` at the next step boundary (aborting it in the engine);
+        returns how many there were."""
+        with self._lock:
+            rids = list(self._streams)
+            self._pending.ends.extend((rid, failure) for rid in rids)
+        self._wake.set()
+        return len(rids)
+
+    async def update_knobs(self, changes: dict[str, int]) -> tuple[Knobs, Knobs]:
+        """Apply at the next step boundary; returns the knobs before and after. ValueError names a violated
+        bound (and nothing changes)."""
+        fut: concurrent.futures.Future[tuple[Knobs, Knobs]] = concurrent.futures.Future()
         with self._lock:
             self._pending.knobs.append((changes, fut))
         self._wake.set()
@@ -126,7 +166,7 @@ class AsyncEngine:
                     continue
                 result = self.engine.step()
                 self._dispatch(result)
-                self.metrics.observe_stats(self.engine.stats())
+                self.metrics.observe_step(self.engine.stats())
             except Exception:  # a bug must not silently kill the step loop: fail every request loudly
                 log.exception("engine step failed; failing all in-flight requests")
                 self._fail_all()
@@ -136,56 +176,67 @@ class AsyncEngine:
             pending, self._pending = self._pending, _Pending()
         for changes, fut in pending.knobs:
             try:
+                before = self.engine.knobs.model_copy()
                 knobs = self.engine.update_knobs(**changes)
                 self.metrics.set_knobs(knobs.model_dump())
-                fut.set_result(knobs.model_copy())
+                fut.set_result((before, knobs.model_copy()))
             except ValueError as e:
                 fut.set_exception(e)
-        for rid, ids, params, timeout_s, salt in pending.adds:
+        for rid, ids, params, timeout_s, salt, sibling in pending.adds:
             if rid in pending.aborts:
                 continue
             try:
-                self.engine.add_request(rid, ids, params, stream_text=True, timeout_s=timeout_s, cache_salt=salt)
+                self.engine.add_request(rid, ids, params, stream_text=True, timeout_s=timeout_s, cache_salt=salt,
+                                        share_prompt_of=sibling)
             except ValueError as e:  # validated before queueing; only a race with max_model_len could land here
-                self._finish_stream(rid, None, error=str(e))
+                self._finish_stream(rid, None, RequestFailed(str(e), "invalid_request_error"))
         for rid in pending.aborts:
             out = self.engine.abort(rid)
             if out is not None:
                 self.metrics.finish("abort")
             self._streams.pop(rid, None)
-        if pending.aborts:
+        for rid, failure in pending.ends:
+            if self.engine.abort(rid) is not None:
+                self.metrics.finish("abort")
+            self._finish_stream(rid, None, failure)
+        if pending.aborts or pending.ends:
             self.metrics.observe_stats(self.engine.stats())
 
     def _dispatch(self, result: StepResult) -> None:
         now = time.monotonic()
+        metrics, streams = self.metrics, self._streams
+        itls: list[float] = []  # observed together after the loop: one metrics call per step, not per token
         for ev in result.events:
-            stream = self._streams.get(ev.request_id)
+            stream = streams.get(ev.request_id)
             if stream is None:
                 continue
             if ev.token_id is not None:
                 if stream.last_token_at is None:
-                    self.metrics.ttft.observe(now - stream.arrival)
+                    metrics.observe_first_token(ev.request_id, now - stream.arrival, now)
                 else:
-                    self.metrics.itl.observe(now - stream.last_token_at)
+                    itls.append(now - stream.last_token_at)
                 stream.last_token_at = now
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, ev)
+        metrics.observe_inter_tokens(itls)
         for out in result.finished:
-            self.metrics.finish(out.outputs[0].finish_reason or "abort")
-            self.metrics.e2e.observe(out.metrics["e2e_s"])
-            if "queue_s" in out.metrics:
-                self.metrics.queue.observe(out.metrics["queue_s"])
+            stream = streams.get(out.request_id)
+            metrics.observe_finished(out, now, None if stream is None else stream.last_token_at)
             self._finish_stream(out.request_id, out)
+        metrics.forget_ended(streams)
 
-    def _finish_stream(self, rid: str, out: RequestOutput | None, error: str | None = None) -> None:
+    def _finish_stream(self, rid: str, out: RequestOutput | None, failure: RequestFailed | None = None) -> None:
         stream = self._streams.pop(rid, None)
         if stream is None:
             return
-        if out is None:
-            out = RequestOutput(rid, None, [], [], True, {"error": 1.0})
-            log.error("request %s failed: %s", rid, error)
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+        item: RequestOutput | RequestFailed
+        if out is not None:
+            item = out
+        else:
+            item = failure or ENGINE_FAILED
+            log.error("request %s ended without an output: %s", rid, item.message)
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
 
     def _fail_all(self) -> None:
         for rid in list(self._streams):
             self.engine.abort(rid)
-            self._finish_stream(rid, None, error="engine step failed")
+            self._finish_stream(rid, None, ENGINE_FAILED)
