@@ -2,10 +2,10 @@
 # What penalties and structured outputs cost per output token on one GPU (docs/performance/sampling.md): decode
 # latency at batch 1 and 64, plain vs --penalties vs --structured json, on the qwen3-0.6b shape (151,936-token
 # vocabulary: the widest mask) and the llama3-8b shape; then the CUDA tests of both features. Results under
-# RESULTS_DIR (default out/gpu).
+# RESULTS_DIR (default out/gpu); PRESETS="qwen3-0.6b:qwen3" for one shape.
 set -uo pipefail
 . scripts/gpu-env.sh
-for preset in qwen3-0.6b:qwen3 llama3-8b:llama; do
+for preset in ${PRESETS:-qwen3-0.6b:qwen3 llama3-8b:llama}; do
   name=${preset%%:*} arch=${preset##*:} M=/tmp/$name
   [ -f $M/config.json ] || python3 -m governor.engine make-model $M --arch $arch --preset $name --dtype bfloat16 \
     --device cuda 2>&1 | grep -v INFO
