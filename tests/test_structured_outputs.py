@@ -31,7 +31,7 @@ from governor.engine.models.tokenizer_builder import (
     write_tokenizer,
 )
 from governor.engine.sampling_params import StructuredOutputsParams as Params
-from governor.engine.structured import GrammarState, StructuredOutputs, allocate_bitmask, apply_bitmask, fill_masks
+from governor.engine.structured import GrammarState, StructuredOutputs, allocate_bitmask, apply_bitmask
 from governor.engine.tokenizer import load_tokenizer
 
 MODEL_VOCAB = VOCAB_SIZE + 48  # the logits are wider than the tokenizer, as in real checkpoints
@@ -227,26 +227,6 @@ def test_stop_tokens_can_be_given_instead_of_the_tokenizers_eos(tokenizer) -> No
 
 
 # --- masks on logits -------------------------------------------------------------------------------------------------
-
-def test_batch_filled_masks_equal_each_state_filled_alone(structured, tokenizer) -> None:
-    """States at different points of their outputs (one finished), filled together and one by one."""
-    states = [structured.matcher(Params(json=SCHEMA)) for _ in range(4)] + [structured.matcher(Params(regex="a+b"))]
-    rng = random.Random(5)
-    for k, state in enumerate(states[:4]):
-        bitmask = allocate_bitmask(1, MODEL_VOCAB)
-        for _ in range(3 * k):
-            state.fill_mask(bitmask, 0)
-            assert state.accept(rng.choice([t for t in allowed_tokens(bitmask) if t != EOS_ID]))
-    for token in [*tokenizer.encode("aab", add_special_tokens=False), EOS_ID]:
-        assert states[4].accept(token)
-    together = allocate_bitmask(len(states), MODEL_VOCAB)
-    fill_masks(states, together)
-    alone = allocate_bitmask(len(states), MODEL_VOCAB)
-    for j, state in enumerate(states):
-        state.fill_mask(alone, j)
-    assert torch.equal(together, alone)
-    assert allowed_tokens(together, 4) == [EOS_ID]
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_applied_masks_put_minus_inf_exactly_where_bits_are_zero(structured, tokenizer, dtype) -> None:

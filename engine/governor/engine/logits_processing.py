@@ -164,10 +164,11 @@ def _apply_penalties(x: torch.Tensor, penalized: list[tuple[int, LogitsProcessor
 def _mask_grammar(x: torch.Tensor, grammars: list[tuple[int, GrammarState]], vocab: int) -> None:
     if not grammars:
         return
-    from governor.engine.structured import allocate_bitmask, apply_bitmask, fill_masks
+    from governor.engine.structured import allocate_bitmask, apply_bitmask
 
     bitmask = allocate_bitmask(len(grammars), vocab)  # on the host, where the matchers write it
-    fill_masks([grammar for _, grammar in grammars], bitmask)
+    for j, (_, grammar) in enumerate(grammars):
+        grammar.fill_mask(bitmask, j)
     if len(grammars) == x.shape[0]:
         apply_bitmask(x, bitmask)
         return

@@ -6,7 +6,7 @@ for an engine that never sees a structured request.
 """
 
 from governor.engine.structured.bitmask import allocate_bitmask, apply_bitmask
-from governor.engine.structured.grammar_state import GrammarState, fill_masks
+from governor.engine.structured.grammar_state import GrammarState
 from governor.engine.structured.structured_outputs import StructuredOutputs
 
-__all__ = ["GrammarState", "StructuredOutputs", "allocate_bitmask", "apply_bitmask", "fill_masks"]
+__all__ = ["GrammarState", "StructuredOutputs", "allocate_bitmask", "apply_bitmask"]

@@ -31,27 +31,3 @@ class GrammarState:
     def is_terminated(self) -> bool:
         """The output is complete and a stop token was accepted."""
         return bool(self._matcher.is_terminated())
-
-
-_batch_matcher: Any = None  # xgrammar's BatchGrammarMatcher, made at the first batch fill
-
-
-def fill_masks(states: list[GrammarState], bitmask: torch.Tensor) -> None:
-    """Row j of `bitmask` for states[j], as `states[j].fill_mask(bitmask, j)` writes it, the rows of live grammars
-    filled together by xgrammar's batch matcher on several threads (it releases the GIL): at 64 requests this is the
-    host's largest cost of a structured step."""
-    global _batch_matcher
-    live = []
-    for j, state in enumerate(states):
-        if state._matcher.is_terminated():
-            bitmask[j].copy_(state._stop_row)
-        else:
-            live.append(j)
-    if len(live) == 1:
-        states[live[0]].fill_mask(bitmask, live[0])
-    elif live:
-        if _batch_matcher is None:
-            import xgrammar
-
-            _batch_matcher = xgrammar.BatchGrammarMatcher()
-        _batch_matcher.batch_fill_next_token_bitmask([states[j]._matcher for j in live], bitmask, live)
