@@ -233,3 +233,12 @@ def test_a_stream_cut_by_the_drain_deadline_gets_an_error_event_and_the_exit_cod
     assert events[-1] == {"error": {"message": "the server shut down before this request finished (drain deadline)",
                                     "type": "server_error", "param": None, "code": "server_shutdown"}}
     assert exit_code == 3, server.log_tail()
+
+
+def test_unknown_paths_and_methods_are_counted_as_errors(server: Server) -> None:
+    errors = contract.REQUEST_ERRORS
+    before = (server.metric(errors, kind="not_found"), server.metric(errors, kind="method_not_allowed"))
+    assert httpx.get(f"{server.url}/v2/nothing", timeout=10).status_code == 404
+    assert httpx.get(f"{server.url}/v1/completions", timeout=10).status_code == 405
+    after = (server.metric(errors, kind="not_found"), server.metric(errors, kind="method_not_allowed"))
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

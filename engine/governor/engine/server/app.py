@@ -25,8 +25,8 @@ from governor.engine.server.state import ServerState, fingerprint, model_card
 
 log = logging.getLogger("governor.engine.server")
 
-_ERROR_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 413: "too_large", 422: "bad_knob",
-                429: "queue_full", 500: "internal", 503: "unavailable"}
+_ERROR_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "too_large",
+                422: "bad_knob", 429: "queue_full", 500: "internal", 503: "unavailable"}
 
 
 def create_app(state: ServerState, max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES) -> FastAPI:
