@@ -84,9 +84,10 @@ def test_the_developer_role_is_rendered_as_system(client: openai.OpenAI) -> None
 
 def test_a_request_without_the_api_key_gets_401(server: Server) -> None:
     for headers in ({}, {"authorization": "Bearer wrong"}):
-        r = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "x"}, headers=headers,
-                       timeout=10)
-        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        for body in ({"model": MODEL, "prompt": "x"}, {"prompt": 5}):  # checked before the body: 401, not 400
+            r = httpx.post(f"{server.url}/v1/completions", json=body, headers=headers, timeout=10)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(f"{server.url}/v1/models", headers=headers, timeout=10).status_code == 401
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200  # health stays open
 
 

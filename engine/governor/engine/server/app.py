@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -15,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from governor import contract
 from governor.engine.server import DEFAULT_MAX_REQUEST_BODY_BYTES
+from governor.engine.server.auth import APIKeyGuard, bearer_token, token_matches
 from governor.engine.server.chat import chat_completions
 from governor.engine.server.completions import completions
 from governor.engine.server.connection import BodyTooLarge, RequestGuard
@@ -40,7 +40,9 @@ def create_app(state: ServerState, max_request_body_bytes: int = DEFAULT_MAX_REQ
         return guard["guard"]
 
     app.add_middleware(guarded)  # type: ignore[arg-type]
-    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outside the guard: its 413s are counted too
+    if state.api_key is not None:  # before the body is read or validated
+        app.add_middleware(APIKeyGuard, api_key=state.api_key, on_refused=lambda: metrics.error("unauthorized"))
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: the guards' 413s and 401s are counted too
     app.state.active_requests = lambda: guard["guard"].active if guard else 0
 
     @app.exception_handler(APIError)
@@ -93,25 +95,13 @@ def create_app(state: ServerState, max_request_body_bytes: int = DEFAULT_MAX_REQ
 
     # --- OpenAI API ---------------------------------------------------------------------------
 
-    def _check_api_key(request: Request) -> None:
-        """`--api-key`: every /v1 request carries it as a bearer token (vLLM's flag and behaviour)."""
-        if state.api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
-        if not given or not hmac.compare_digest(given.encode(), state.api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send it as 'Authorization: Bearer <key>'",
-                           "authentication_error", code="invalid_api_key")
-
     @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        _check_api_key(request)
+    async def models() -> dict[str, Any]:
         engine, _ = state.loaded()
         return {"object": "list", "data": [model_card(state, engine.engine.max_model_len)]}
 
     @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, request: Request) -> dict[str, Any]:
-        _check_api_key(request)
+    async def model(model_id: str) -> dict[str, Any]:
         engine, _ = state.loaded()
         if model_id != state.served_model_name:
             raise APIError(404, f"model {model_id!r} does not exist; this server serves {state.served_model_name!r}",
@@ -120,12 +110,10 @@ def create_app(state: ServerState, max_request_body_bytes: int = DEFAULT_MAX_REQ
 
     @app.post("/v1/completions")
     async def post_completions(req: CompletionRequest, request: Request) -> Any:
-        _check_api_key(request)
         return await completions(state, req, request)
 
     @app.post("/v1/chat/completions")
     async def post_chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
-        _check_api_key(request)
         return await chat_completions(state, req, request)
 
     # --- admin --------------------------------------------------------------------------------
@@ -135,9 +123,8 @@ def create_app(state: ServerState, max_request_body_bytes: int = DEFAULT_MAX_REQ
         if state.admin_token is None:
             raise APIError(404, "the admin API is disabled: start the server with GOVERNOR_ADMIN_TOKEN or "
                                 "--admin-token-file", "not_found_error")
-        auth = request.headers.get("authorization", "")
-        given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
-        if not given or not hmac.compare_digest(given.encode(), state.admin_token.encode()):
+        given = bearer_token(request.headers.get("authorization", ""))
+        if not token_matches(given, state.admin_token):
             raise APIError(401, "missing or wrong bearer token for the admin API", "authentication_error")
         return given
 

@@ -125,7 +125,8 @@ async def _stream(req: CompletionRequest, plan: list[ch.Choice], streams: list[A
             c.output = item
             continue
         generated[i] += item.token_id is not None
-        if not ch.sends_chunk(item, req.logprobs is not None, req.return_token_ids) and started[i]:
+        echo_due = not started[i] and bool(echoes[c.prompt_index])  # the echoed prompt goes out with the first event
+        if not ch.sends_chunk(item, req.logprobs is not None, req.return_token_ids) and not echo_due:
             continue
         names = await _logprob_texts(prompts, [item], req.logprobs) if req.logprobs is not None else {}
         text = item.text_delta if started[i] else echoes[c.prompt_index] + item.text_delta
