@@ -18,6 +18,7 @@ What the bound separates (this workload, RSS sampled as here, bytes per request 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +29,9 @@ from governor.cli import main as governor_main
 from tests.test_server import Server, start_server
 
 WARM_UP_REQUESTS = 400  # fills the tokenizer's word cache (4 new words a request) and the allocator's free lists
-REQUESTS = 1200  # measured after the warm-up; 1,600 in all take ~15 s of server and client CPU on two cores
+# Measured after the warm-up; 1,600 in all take ~15 s of server and client CPU on two cores. A long run:
+# GOVERNOR_MEMORY_TEST_REQUESTS=50000 python -m pytest -q -s tests/test_server_memory.py
+REQUESTS = int(os.environ.get("GOVERNOR_MEMORY_TEST_REQUESTS", "1200"))
 SAMPLES = 12  # RSS samples over the measured requests, one every REQUESTS / SAMPLES
 MAX_GROWTH_PER_REQUEST = 600  # bytes; see the module docstring for how it was chosen
 MODEL = "tiny"
@@ -109,3 +112,4 @@ def test_server_rss_stays_flat_over_many_short_requests(server: Server) -> None:
         f"{WARM_UP_REQUESTS + REQUESTS} short requests (bound {MAX_GROWTH_PER_REQUEST} B); KiB after warm-up, every "
         f"{every} requests: {trace}. Something outlives its request: compare tracemalloc snapshots of the server")
     assert server.proc.poll() is None, server.log_tail()
+    print(f"RSS {per_request:.0f} B a request over the last {REQUESTS - half * every} requests; KiB: {trace}")
