@@ -237,8 +237,41 @@ def test_a_stream_cut_by_the_drain_deadline_gets_an_error_event_and_the_exit_cod
 
 def test_unknown_paths_and_methods_are_counted_as_errors(server: Server) -> None:
     errors = contract.REQUEST_ERRORS
-    before = (server.metric(errors, kind="not_found"), server.metric(errors, kind="method_not_allowed"))
+    before = (server.metric(errors, kind="unknown_route"), server.metric(errors, kind="method_not_allowed"))
     assert httpx.get(f"{server.url}/v2/nothing", timeout=10).status_code == 404
     assert httpx.get(f"{server.url}/v1/completions", timeout=10).status_code == 405
-    after = (server.metric(errors, kind="not_found"), server.metric(errors, kind="method_not_allowed"))
+    after = (server.metric(errors, kind="unknown_route"), server.metric(errors, kind="method_not_allowed"))
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+@pytest.mark.parametrize(("path", "extra"), [
+    ("/v1/completions", {"guided_json": "[" * 5000}),
+    ("/v1/chat/completions", {"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "$defs": [1]}}}]}),
+])
+def test_pathological_constraints_are_400s_not_500s(server: Server, path: str, extra: dict[str, object]) -> None:
+    body = {"model": MODEL, "max_tokens": 4, **extra}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    r = httpx.post(f"{server.url}{path}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+
+
+def test_a_deeply_nested_replayed_tool_call_is_not_a_500(server: Server) -> None:
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 5000}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
+                   json={"model": MODEL, "max_tokens": 2, "messages": messages})
+    assert r.status_code in (200, 400), r.text
+
+
+def test_a_client_that_leaves_is_counted_as_499_not_500(server: Server) -> None:
+    wait_until(lambda: idle(server), "an idle server")
+    http = contract.HTTP_REQUESTS
+    before = (server.metric(http, status="499"), server.metric(http, status="500"))
+    client = send_raw(server, body(1900, prompt="leaving"))
+    wait_until(lambda: server.metric(contract.REQUESTS_RUNNING) == 1, "1 running")
+    client.close()
+    wait_until(lambda: server.metric(http, status="499") - before[0] == 1, "a 499", timeout=10)
+    assert server.metric(http, status="500") == before[1]

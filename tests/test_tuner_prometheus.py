@@ -103,10 +103,10 @@ def test_every_signal_has_a_query_and_p95_is_the_documented_histogram_quantile()
     assert q["queue_len"] == 'sum(governor_requests_waiting{model_name="m"})'
 
 
-def test_the_error_rate_excludes_admin_api_refusals_and_counts_absent_series_as_zero() -> None:
+def test_the_error_rate_excludes_admin_api_refusals_and_unknown_routes_and_counts_absent_series_as_zero() -> None:
     q = signal_queries('model_name="m"', "30s")["error_rate"]
-    errors = ('(sum(increase(governor_request_errors_total{model_name="m", kind!~"bad_knob|unauthorized"}[30s]))'
-              ' or vector(0))')
+    kinds = "bad_knob|method_not_allowed|unauthorized|unknown_route"
+    errors = f'(sum(increase(governor_request_errors_total{{model_name="m", kind!~"{kinds}"}}[30s])) or vector(0))'
     finished = '(sum(increase(governor_requests_finished_total{model_name="m"}[30s])) or vector(0))'
     assert q == f"{errors} / ({finished} + {errors})"
 

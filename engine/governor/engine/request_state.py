@@ -90,9 +90,10 @@ class RequestState:
                     self.final_text = text[:cut + len(stop)] if self.include_stop_str else text[:cut]
                     return "stop"
             self.stop_searched = len(text)
-        # A request with a grammar ends where its grammar does (`_advance_grammar`): an EOS id that is also text
-        # (a byte token, in some checkpoints) is then just text.
-        if token in self.stop_ids and n >= self.min_tokens and self.grammar is None:
+        # A request with a grammar ends where its grammar does (`_advance_grammar`), or on a stop_token_ids of its
+        # own: an EOS id that is also text (a byte token, in some checkpoints) is then just text.
+        grammar_ends_it = self.grammar is not None and token not in seq.params.stop_token_ids
+        if token in self.stop_ids and n >= self.min_tokens and not grammar_ends_it:
             if token in seq.params.stop_token_ids:  # EOS ends it too, but with no stop_reason
                 seq.stop_reason = token
             return "stop"

@@ -44,7 +44,9 @@ NEEDED_SAMPLES = frozenset({f"{h}_bucket" for h in HISTOGRAMS} | set(GAUGES) | s
 """The sample names `parse_metrics` keeps."""
 
 # Error kinds of the admin API itself (the tuner's own calls, a wrong token): not the service failing.
-ADMIN_ERROR_KINDS = frozenset({"unauthorized", "bad_knob"})
+# Errors that say nothing of how the model serves: the admin API's, and requests for paths or methods the server does
+# not have (health checks of a load balancer, scanners). Left out of the error rate.
+ADMIN_ERROR_KINDS = frozenset({"unauthorized", "bad_knob", "unknown_route", "method_not_allowed"})
 QUANTILE = 0.95
 
 

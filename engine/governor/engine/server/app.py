@@ -66,7 +66,8 @@ def create_app(state: ServerState, max_request_body_bytes: int = DEFAULT_MAX_REQ
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         if not isinstance(e, BodyTooLarge):  # counted where it is detected
-            metrics.error(_ERROR_KINDS.get(e.status_code, "other"))
+            # The router's own 404 and 405: a path or method the server does not have.
+            metrics.error({404: "unknown_route"}.get(e.status_code) or _ERROR_KINDS.get(e.status_code, "other"))
         return error_response(e.status_code, str(e.detail), "invalid_request_error" if e.status_code < 500
                               else "server_error", code="request_too_large" if isinstance(e, BodyTooLarge) else None)
 

@@ -68,6 +68,7 @@ class AsyncEngine:
         self._pending = _Pending()
         self._streams: dict[str, _Stream] = {}
         self._stop = False
+        self._closing: RequestFailed | None = None  # set by end_all: what requests arriving after it get
         self._thread = threading.Thread(target=self._run, name="governor-engine-step", daemon=True)
         self.metrics.set_knobs(engine.knobs.model_dump())
         self.metrics.observe_stats(engine.stats())
@@ -112,11 +113,14 @@ class AsyncEngine:
         client that disconnected) aborts the request and frees its KV blocks. `admitted`: the caller already
         checked the queue for it (`admit`, for the requests of one HTTP request together). `share_prompt_of`: a
         sibling with the same prompt, added before this one (`LLMEngine.add_request`)."""
-        self.engine.validate_request({"prompt_token_ids": prompt_token_ids}, params)
+        if not admitted:  # else the caller validated it and checked the queue for it (`choices.submit`)
+            self.engine.validate_request({"prompt_token_ids": prompt_token_ids}, params)
+            self.admit()
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s}")
-        if not admitted:
-            self.admit()
+        if self._closing is not None:  # the drain deadline has passed: it would only be cut
+            yield self._closing
+            return
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), time.monotonic())
         with self._lock:
             self._streams[request_id] = stream
@@ -139,6 +143,7 @@ class AsyncEngine:
     def end_all(self, failure: RequestFailed) -> int:
         """End every request in flight with `failure` at the next step boundary (aborting it in the engine);
         returns how many there were."""
+        self._closing = failure
         with self._lock:
             rids = list(self._streams)
             self._pending.ends.extend((rid, failure) for rid in rids)

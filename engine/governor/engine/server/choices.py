@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from governor.engine.server.errors import APIError
 from governor.engine.server.prompts import PromptEncoder
 
 Item = TokenEvent | RequestOutput | RequestFailed
+log = logging.getLogger("governor.engine.server")
 
 
 @dataclass
@@ -68,9 +70,12 @@ def submit(engine: AsyncEngine, choices: list[Choice], timeout: float | None, sa
            ) -> list[AsyncGenerator[Item, None]]:
     """Validate and admit every choice (a 400 or a 429 before any starts), then start them."""
     try:
-        for c in choices:
-            engine.engine.validate_request({"prompt_token_ids": c.prompt_ids}, c.params)
         engine.admit(len(choices))
+        seen: set[int] = set()
+        for c in choices:  # a prompt's choices differ only in their seeds: one check each prompt
+            if c.prompt_index not in seen:
+                seen.add(c.prompt_index)
+                engine.engine.validate_request({"prompt_token_ids": c.prompt_ids}, c.params)
     except ValueError as e:
         raise APIError(400, str(e)) from e
     except QueueFullError as e:
@@ -96,6 +101,9 @@ async def merged(streams: list[AsyncGenerator[Item, None]]) -> AsyncIterator[tup
         try:
             async for item in stream:
                 queue.put_nowait((i, item))
+        except Exception as e:  # its request cannot go on: end its choice, so the merge does not wait for it
+            log.exception("a choice's stream failed")
+            queue.put_nowait((i, RequestFailed(f"internal error: {type(e).__name__}")))
         finally:
             await stream.aclose()
 
@@ -135,11 +143,17 @@ def best(choices: list[Choice], n: int) -> list[Choice]:
     kept: list[Choice] = []
     for p in sorted({c.prompt_index for c in choices}):
         group = [c for c in choices if c.prompt_index == p]
-        group.sort(key=lambda c: -(c.output.outputs[0].cumulative_logprob or 0.0) if c.output else 0.0)
+        group.sort(key=_score, reverse=True)
         kept.extend(group[:n])
     for i, c in enumerate(kept):
         c.index = i
     return kept
+
+
+def _score(c: Choice) -> float:
+    """A choice's cumulative logprob; one without tokens (a timeout before its first) ranks last."""
+    lp = c.output.outputs[0].cumulative_logprob if c.output and c.output.outputs else None
+    return float("-inf") if lp is None else lp
 
 
 def usage(choices: list[Choice]) -> dict[str, int]:

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from governor.engine.server.errors import error_body
+from governor.engine.server.http_metrics import CLIENT_GONE
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -99,6 +100,7 @@ class RequestGuard:
                 if message["type"] == "http.disconnect":
                     gone.set()
             if not response["done"]:
+                scope.setdefault("state", {})[CLIENT_GONE] = True
                 handler.cancel()
 
         watcher = asyncio.ensure_future(watch())

@@ -14,6 +14,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from governor.engine.server.metrics import EngineMetrics
 
+CLIENT_GONE = "governor.client_gone"  # set in the request's scope state by `connection.RequestGuard`
+CLIENT_CLOSED_REQUEST = 499  # the status counted for a request whose client left before it was answered (as nginx)
 UNMATCHED = "unmatched"  # the route label of a path no route serves (a 404); templates start with "/"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -33,7 +35,8 @@ def route_template(routes: Iterable[BaseRoute], scope: Scope) -> str:
 
 class HttpMetricsMiddleware:
     """Counts each HTTP request once its response has been sent, in `EngineMetrics.http_requests`: the status
-    the client got (404 and 405 included), or 500 when the app raised before answering. Add it to the app with
+    the client got (404 and 405 included), 499 when the client left before an answer, or 500 when the app raised
+    before answering. Add it to the app with
     `app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)`."""
 
     def __init__(self, app: ASGIApp, metrics: EngineMetrics) -> None:
@@ -65,4 +68,6 @@ class HttpMetricsMiddleware:
             # Raised before answering: the server's error middleware, outside this one, answers 500.
             self.metrics.http_request(route, method, 500 if status is None else status)
             raise
+        if status is None and scope.get("state", {}).get(CLIENT_GONE):
+            status = CLIENT_CLOSED_REQUEST  # the client left before the answer: nothing was sent
         self.metrics.http_request(route, method, 500 if status is None else status)

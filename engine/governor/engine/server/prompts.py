@@ -2,7 +2,7 @@
 
 Every call runs on a small thread pool, so a request of any size never stalls `/health`, other streams or the
 step thread's hand-offs: Hugging Face fast tokenizers release the GIL while they encode, so even a tokenization
-of megabytes leaves the event loop free (docs/performance/server-robustness.md has the measured bound).
+of megabytes leaves the event loop free (docs/performance/server.md has the measured bound).
 
 A text far longer than the model can take is refused without tokenizing it whole, in one of two ways:
 - by length alone: every token covers at most `longest_token` characters of text, so a text of more than

@@ -89,10 +89,14 @@ class _DrainingServer(uvicorn.Server):
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace_s
-        while self.state.in_flight and loop.time() < deadline:
+        # Requests in the engine, and HTTP requests still being prepared (tokenizing, compiling a schema).
+        def busy() -> int:
+            return max(self.state.in_flight, self.active_requests())
+
+        while busy() and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self.state.in_flight and self.state.engine is not None:
-            self.state.requests_cut = self.state.engine.end_all(ABORT_AT_SHUTDOWN)
+        if busy() and self.state.engine is not None:
+            self.state.requests_cut = max(busy(), self.state.engine.end_all(ABORT_AT_SHUTDOWN))
             log.warning("grace period over: ending %d requests in flight with an error", self.state.requests_cut)
             flush = loop.time() + _FLUSH_S
             while self.active_requests() and loop.time() < flush:
@@ -129,7 +133,10 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
             metrics.set_info({"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
                               "served_model_name": name,
                               "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch.")})
-            engine.structured_outputs()  # the grammar compiler's vocabulary tables (~2 s at 128k tokens), now
+            try:  # the grammar compiler's vocabulary tables (~2 s at 128k tokens), now rather than at a first request
+                engine.structured_outputs()
+            except Exception:  # structured requests will get the error as a 400; nothing else needs it
+                log.exception("structured outputs are unavailable with this tokenizer")
             async_engine = AsyncEngine(engine, metrics, max_queue)
             state.prompts = PromptEncoder(load_tokenizer(config.tokenizer or config.model), engine.max_model_len)
             async_engine.start()

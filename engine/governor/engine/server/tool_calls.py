@@ -192,7 +192,7 @@ def _text(content: str | Sequence[_Text] | None) -> str:
 def _arguments(arguments: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past the parser's depth: not arguments either
         return {}
     return value if isinstance(value, dict) else {}
 

@@ -55,7 +55,11 @@ def tool_choice_schema(tools: Sequence[Tool] | None, tool_choice: ToolChoice | N
         parameters = copy.deepcopy(_parameters(tool.function))
         # A "$ref" resolves against the document's root, which is now this array schema: the definitions go there.
         for key in _DEFINITIONS:
-            for ref, subschema in (parameters.pop(key, None) or {}).items():
+            defs = parameters.pop(key, None) or {}
+            if not isinstance(defs, dict):
+                raise ValueError(f"tools[].function.parameters.{key} of {tool.function.name!r} must be an object of "
+                                 f"schemas, got {type(defs).__name__}")
+            for ref, subschema in defs.items():
                 known = definitions.setdefault(key, {})
                 if ref in known and known[ref] != subschema:
                     raise ValueError(f"tools define {key}/{ref} differently ({tool.function.name!r} is one); "

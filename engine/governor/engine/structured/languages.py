@@ -71,6 +71,8 @@ def _schema_dict(schema: dict[str, Any] | str) -> dict[str, Any]:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise ValueError(f"invalid JSON schema: it is not JSON ({e})") from None
+        except RecursionError:
+            raise ValueError("invalid JSON schema: nested deeper than the JSON parser goes") from None
     if not isinstance(schema, dict):
         raise ValueError(f"invalid JSON schema: expected a JSON object, got {type(schema).__name__}")
     return schema
