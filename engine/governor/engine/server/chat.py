@@ -163,8 +163,8 @@ async def _stream(req: ChatCompletionRequest, plan: list[ch.Choice], streams: li
               extra: dict[str, Any] | None = None, body_extra: dict[str, Any] | None = None) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **(extra or {})}
         body = dict(base, choices=[choice], **(body_extra or {}))
-        if continuous:
-            body["usage"] = ch.running_usage(prompt_tokens, sum(generated))
+        if continuous:  # this choice's usage, as vLLM
+            body["usage"] = ch.running_usage(prompt_tokens, generated[index])
         return f"data: {json.dumps(body)}\n\n"
 
     for c in plan:  # the opening role chunk of every choice (as vLLM: the prompt's ids on it)

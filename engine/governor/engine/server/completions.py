@@ -114,7 +114,6 @@ async def _stream(req: CompletionRequest, plan: list[ch.Choice], streams: list[A
     offsets = [len(echoes[c.prompt_index]) for c in plan]
     started = [False] * len(plan)
     generated = [0] * len(plan)
-    prompt_tokens = ch.usage(plan)["prompt_tokens"]
     failed: RequestFailed | None = None
     async for i, item in ch.merged(streams):
         c = plan[i]
@@ -140,7 +139,7 @@ async def _stream(req: CompletionRequest, plan: list[ch.Choice], streams: list[A
         started[i] = True
         chunk = dict(base, choices=[choice])
         if continuous:
-            chunk["usage"] = ch.running_usage(prompt_tokens, sum(generated))
+            chunk["usage"] = ch.running_usage(len(c.prompt_ids), generated[i])  # this choice's, as vLLM
         yield f"data: {json.dumps(chunk)}\n\n"
     if failed is not None:  # say so in-band, then end the stream
         yield f"data: {json.dumps(ch.error_event(failed))}\n\n"
