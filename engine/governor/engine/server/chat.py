@@ -14,7 +14,6 @@ from fastapi.responses import StreamingResponse
 from governor.engine.outputs import TokenEvent
 from governor.engine.sampling_params import StructuredOutputsParams
 from governor.engine.server import choices as ch
-from governor.engine.server.async_engine import RequestFailed
 from governor.engine.server.errors import APIError
 from governor.engine.server.prompts import PromptEncoder, PromptTooLong
 from governor.engine.server.protocol import ChatCompletionRequest
@@ -83,7 +82,7 @@ async def chat_completions(state: ServerState, req: ChatCompletionRequest, reque
     base = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": req.model}
     if not req.stream:
         await ch.collect(plan, streams)
-        names = await _logprob_texts(prompts, [ev for c in plan for ev in c.events], top_n)
+        names = await ch.logprob_texts(prompts, [ev for c in plan for ev in c.events], top_n)
         body: dict[str, Any] = dict(base, choices=[_choice(req, c, names, top_n, calls) for c in plan],
                                     usage=ch.usage(plan))
         if req.return_token_ids:  # vLLM puts the prompt's ids on a chat response, the output's on its choice
@@ -106,13 +105,6 @@ class _ToolCalls:
 
     def finish_reason(self, engine_reason: str | None, called: bool) -> str | None:
         return finish_reason(engine_reason, called, self.tool_choice)
-
-
-async def _logprob_texts(prompts: PromptEncoder, events: list[TokenEvent], n: int | None) -> dict[int, str]:
-    if n is None:
-        return {}
-    ids = sorted(set(ch.logprob_ids(events, n)))
-    return ch.texts_of(ids, await prompts.run(prompts.token_texts, ids))
 
 
 def _logprobs_block(events: list[TokenEvent], n: int | None, names: dict[int, str]) -> dict[str, Any] | None:
@@ -170,15 +162,9 @@ async def _stream(req: ChatCompletionRequest, plan: list[ch.Choice], streams: li
     for c in plan:  # the opening role chunk of every choice (as vLLM: the prompt's ids on it)
         yield chunk(c.index, {"role": "assistant", "content": ""}, None,
                     body_extra={"prompt_token_ids": prompt_ids} if req.return_token_ids else None)
-    failed: RequestFailed | None = None
-    async for i, item in ch.merged(streams):
+    events = ch.TokenEvents(plan, streams)
+    async for i, item in events:
         c = plan[i]
-        if isinstance(item, RequestFailed):
-            failed = failed or item
-            continue
-        if not isinstance(item, TokenEvent):
-            c.output = item
-            continue
         generated[i] += item.token_id is not None
         reader = readers[i]
         if reader is None:
@@ -191,15 +177,12 @@ async def _stream(req: ChatCompletionRequest, plan: list[ch.Choice], streams: li
             finish = calls.finish_reason(item.finish_reason, reader.called) if item.finish_reason else None
         if not deltas and not ch.sends_chunk(item, top_n is not None, req.return_token_ids):
             continue
-        names = await _logprob_texts(prompts, [item], top_n) if top_n is not None else {}
+        names = await ch.logprob_texts(prompts, [item], top_n) if top_n is not None else {}
         extra = {"token_ids": ch.new_token_ids(item)} if req.return_token_ids else None
         deltas = deltas or [{}]
         for j, delta in enumerate(deltas):  # the event's logprobs and ids on its first chunk, its finish on its last
             first, last = j == 0, j == len(deltas) - 1
             yield chunk(c.index, delta, finish if last else None,
                         _logprobs_block([item], top_n, names) if first else None, extra if first else None)
-    if failed is not None:  # say so in-band, then end the stream
-        yield f"data: {json.dumps(ch.error_event(failed))}\n\n"
-    elif include_usage:
-        yield f"data: {json.dumps(dict(base, choices=[], usage=ch.usage(plan)))}\n\n"
-    yield "data: [DONE]\n\n"
+    for line in events.closing(base, include_usage):
+        yield line

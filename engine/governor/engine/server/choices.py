@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -121,6 +122,43 @@ async def merged(streams: list[AsyncGenerator[Item, None]]) -> AsyncIterator[tup
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class TokenEvents:
+    """The token events of a request's choices, as they come (`async for i, event in events`): each choice's
+    final output is kept on it and the first failure in `failed`; `closing` gives a stream's last lines."""
+
+    def __init__(self, plan: list[Choice], streams: list[AsyncGenerator[Item, None]]) -> None:
+        self.plan, self.streams = plan, streams
+        self.failed: RequestFailed | None = None
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        async for i, item in merged(self.streams):
+            if isinstance(item, TokenEvent):
+                yield i, item
+            elif isinstance(item, RequestFailed):
+                self.failed = self.failed or item
+            else:
+                self.plan[i].output = item
+
+    def closing(self, base: dict[str, Any], include_usage: bool) -> list[str]:
+        """An error event if a choice failed (in-band: the response has started), else the usage chunk when asked
+        for; then [DONE]."""
+        if self.failed is not None:
+            lines = [f"data: {json.dumps(error_event(self.failed))}\n\n"]
+        elif include_usage:
+            lines = [f"data: {json.dumps(dict(base, choices=[], usage=usage(self.plan)))}\n\n"]
+        else:
+            lines = []
+        return [*lines, "data: [DONE]\n\n"]
+
+
+async def logprob_texts(prompts: PromptEncoder, events: list[TokenEvent], n: int | None) -> dict[int, str]:
+    """The text of every token the events' logprobs blocks name (decoded on the prompt pool); {} without logprobs."""
+    if n is None:
+        return {}
+    ids = sorted(set(logprob_ids(events, n)))
+    return dict(zip(ids, await prompts.run(prompts.token_texts, ids), strict=True))
+
+
 def failure_error(failure: RequestFailed) -> APIError:
     status = 503 if failure is ABORT_AT_SHUTDOWN else 500 if failure.type == "server_error" else 400
     return APIError(status, failure.message, failure.type, code=failure.code)
@@ -181,10 +219,6 @@ def logprob_ids(events: list[TokenEvent], n: int) -> list[int]:
             ids.append(ev.token_id)
             ids.extend(t for t, _ in top_entries(ev, n))
     return ids
-
-
-def texts_of(ids: list[int], texts: list[str]) -> dict[int, str]:
-    return dict(zip(ids, texts, strict=True))
 
 
 def new_token_ids(ev: TokenEvent) -> list[int]:

@@ -13,7 +13,6 @@ from fastapi.responses import StreamingResponse
 
 from governor.engine.outputs import TokenEvent
 from governor.engine.server import choices as ch
-from governor.engine.server.async_engine import RequestFailed
 from governor.engine.server.errors import APIError
 from governor.engine.server.prompts import PromptEncoder, PromptTooLong
 from governor.engine.server.protocol import CompletionRequest
@@ -57,7 +56,7 @@ async def completions(state: ServerState, req: CompletionRequest, request: Reque
     if not req.stream:
         await ch.collect(plan, streams)
         kept = ch.best(plan, n) if per_prompt > n else plan
-        names = await _logprob_texts(prompts, [ev for c in kept for ev in c.events], req.logprobs)
+        names = await ch.logprob_texts(prompts, [ev for c in kept for ev in c.events], req.logprobs)
         body = dict(base, choices=[_choice(req, c, echoes[c.prompt_index], names) for c in kept],
                     usage=ch.usage(plan))
         return body
@@ -68,13 +67,6 @@ async def _echo_text(prompts: PromptEncoder, ids: list[int], text: str | None) -
     if text is not None:
         return text
     return await prompts.run(prompts.tokenizer.decode, ids)
-
-
-async def _logprob_texts(prompts: PromptEncoder, events: list[TokenEvent], n: int | None) -> dict[int, str]:
-    if n is None:
-        return {}
-    ids = sorted(set(ch.logprob_ids(events, n)))
-    return ch.texts_of(ids, await prompts.run(prompts.token_texts, ids))
 
 
 def _logprobs_block(events: list[TokenEvent], n: int | None, names: dict[int, str], offset: int
@@ -114,20 +106,14 @@ async def _stream(req: CompletionRequest, plan: list[ch.Choice], streams: list[A
     offsets = [len(echoes[c.prompt_index]) for c in plan]
     started = [False] * len(plan)
     generated = [0] * len(plan)
-    failed: RequestFailed | None = None
-    async for i, item in ch.merged(streams):
+    events = ch.TokenEvents(plan, streams)
+    async for i, item in events:
         c = plan[i]
-        if isinstance(item, RequestFailed):
-            failed = failed or item
-            continue
-        if not isinstance(item, TokenEvent):
-            c.output = item
-            continue
         generated[i] += item.token_id is not None
         echo_due = not started[i] and bool(echoes[c.prompt_index])  # the echoed prompt goes out with the first event
         if not ch.sends_chunk(item, req.logprobs is not None, req.return_token_ids) and not echo_due:
             continue
-        names = await _logprob_texts(prompts, [item], req.logprobs) if req.logprobs is not None else {}
+        names = await ch.logprob_texts(prompts, [item], req.logprobs) if req.logprobs is not None else {}
         text = item.text_delta if started[i] else echoes[c.prompt_index] + item.text_delta
         choice = {"index": c.index, "text": text, "logprobs": _logprobs_block([item], req.logprobs, names, offsets[i]),
                   "finish_reason": item.finish_reason, "stop_reason": item.stop_reason}
@@ -141,8 +127,5 @@ async def _stream(req: CompletionRequest, plan: list[ch.Choice], streams: list[A
         if continuous:
             chunk["usage"] = ch.running_usage(len(c.prompt_ids), generated[i])  # this choice's, as vLLM
         yield f"data: {json.dumps(chunk)}\n\n"
-    if failed is not None:  # say so in-band, then end the stream
-        yield f"data: {json.dumps(ch.error_event(failed))}\n\n"
-    elif include_usage:
-        yield f"data: {json.dumps(dict(base, choices=[], usage=ch.usage(plan)))}\n\n"
-    yield "data: [DONE]\n\n"
+    for line in events.closing(base, include_usage):
+        yield line
