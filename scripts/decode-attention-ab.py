@@ -15,7 +15,7 @@ it is.
 Cases: the attention target (batch 32, 4K and 32K, 32:8 heads), the throughput workload's shape (batch 256, 612 and
 1,024 tokens, 16:8 heads), unsplit launches of fewer programs (batch 48 and 64 at 4K, 32:8; 128 at 1,024, 160 and 192
 at 612, 16:8) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
-bf16 q, random block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench_attention.py:
+bf16 q, random block tables. Timing and bytes as `governor bench attention` (engine/governor/engine/bench/attention.py:
 L2 flushed before each call, CUDA events, median; fraction of a device copy measured in the same process). Each
 variant's output is compared with the group's first variant on the same inputs (max abs difference).
 """
@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 import governor.kernels.paged_attention as pa
-from governor.engine.bench_attention import AttentionCase, _inputs, kernel_times, kv_bytes, time_call
-from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
-from governor.engine.bench_throughput import hardware
+from governor.engine.bench.attention import AttentionCase, _inputs, kernel_times, kv_bytes, time_call
+from governor.engine.bench.latency import hbm_bandwidth_gb_per_s
+from governor.engine.bench.throughput import hardware
 
 # How split launches merge their partials ("cur": folded into the decode kernel up to 8 splits, else the reduce kernel
 # under programmatic dependent launch).
@@ -117,7 +117,7 @@ def main() -> None:
                                            "(a file) to time as the variant 'baseline'")
     parser.add_argument("--variants", default="", help="only these variants (comma list; default: all of the group)")
     parser.add_argument("--kernels", action="store_true",
-                        help="also the call's kernels' device time, median of 20 calls (bench_attention.kernel_times)")
+                        help="also the call's kernels' device time, median of 20 calls (bench.attention.kernel_times)")
     args = parser.parse_args()
     baseline = _load_baseline(args.baseline) if args.baseline else None
     device = torch.device("cuda")

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from governor.engine.bench_latency import graph_us_per_call, hbm_bandwidth_gb_per_s
+from governor.engine.bench.latency import graph_us_per_call, hbm_bandwidth_gb_per_s
 
 MODELS = {  # (k, n) of each decode GEMM
     "llama3-8b": {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from governor.engine.bench_latency import graph_us_per_call, hbm_bandwidth_gb_per_s
+from governor.engine.bench.latency import graph_us_per_call, hbm_bandwidth_gb_per_s
 from governor.kernels.elementwise import silu_mul
 from governor.kernels.gemv import GemvConfig, gemv
 

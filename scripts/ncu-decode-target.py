@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from governor.engine.bench_attention import AttentionCase, _inputs
+from governor.engine.bench.attention import AttentionCase, _inputs
 from governor.kernels.paged_attention import paged_decode_attention
 
 

@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from governor.engine import LLM, SamplingParams
-from governor.engine.bench_throughput import sync_device
+from governor.engine.bench.throughput import sync_device
 
 
 def _value(v: str) -> object:

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from governor.cli import main as governor_main
-from governor.engine import bench_attention as ba
-from governor.engine.bench_throughput import HFOptions, Workload, run_hf
+from governor.engine.bench import attention as ba
+from governor.engine.bench.throughput import HFOptions, Workload, run_hf
 from governor.kernels.elementwise import INTERPRET
 
 needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),

@@ -17,8 +17,8 @@ import torch
 
 import governor.engine.llm_engine as llm_engine
 from governor.engine import LLM, SamplingParams
-from governor.engine.bench_latency import bench_latency
-from governor.engine.bench_throughput import BENCH_JSON_SCHEMA, RequestOptions, Workload, run_engine
+from governor.engine.bench.latency import bench_latency
+from governor.engine.bench.throughput import BENCH_JSON_SCHEMA, RequestOptions, Workload, run_engine
 from governor.engine.llm_engine import LLMEngine
 from governor.engine.logits_processing import LogitsProcessor, needs_processing, output_counts, process_logits
 from governor.engine.models.tokenizer_builder import EOS_ID

@@ -15,7 +15,7 @@ from governor.engine.server import DEFAULT_MAX_REQUEST_BODY_BYTES, TOOL_CALL_PAR
 from governor.engine.server.metrics import METRICS_NAMES
 
 if TYPE_CHECKING:  # the benchmarks load torch: imported when a bench command runs
-    from governor.engine.bench_throughput import RequestOptions
+    from governor.engine.bench.throughput import RequestOptions
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def _engine_args(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _add_request_options(p: argparse.ArgumentParser) -> None:
-    """What a benchmark's engine requests add to greedy decoding (`bench_throughput.RequestOptions`)."""
+    """What a benchmark's engine requests add to greedy decoding (`bench.throughput.RequestOptions`)."""
     p.add_argument("--penalties", action="store_true",
                    help="presence, frequency and repetition penalties on every request")
     p.add_argument("--structured", default=None, choices=("json",),
@@ -47,7 +47,7 @@ def _add_request_options(p: argparse.ArgumentParser) -> None:
 
 
 def _request_options(ns: argparse.Namespace) -> RequestOptions:
-    from governor.engine.bench_throughput import RequestOptions
+    from governor.engine.bench.throughput import RequestOptions
 
     return RequestOptions(penalties=ns.penalties, structured=ns.structured)
 
@@ -232,7 +232,7 @@ def _run(args: argparse.Namespace) -> int:
                               "token_ids": o.outputs[0].token_ids, "finish_reason": o.outputs[0].finish_reason}))
         return 0
     if args.command == "bench" and args.bench == "throughput":
-        from governor.engine.bench_throughput import HFOptions, Workload, bench_throughput
+        from governor.engine.bench.throughput import HFOptions, Workload, bench_throughput
         from governor.loadgen.workload import parse_range
 
         workload = Workload(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
@@ -252,8 +252,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"envelope written to {args.output_json}")
         return 0
     if args.command == "bench" and args.bench == "latency":
-        from governor.engine import bench_cache
-        from governor.engine.bench_latency import bench_latency
+        from governor.engine.bench import cache as bench_cache
+        from governor.engine.bench.latency import bench_latency
 
         result = bench_latency(args.model, _engine_args(args), args.context,
                                [int(b) for b in args.batches.split(",")], args.new_tokens,
@@ -272,7 +272,8 @@ def _run(args: argparse.Namespace) -> int:
         bench_cache.write_envelope("bench-latency", args.model, result, args.output_json)
         return 0
     if args.command == "bench" and args.bench == "spec":
-        from governor.engine import bench_cache, bench_spec
+        from governor.engine.bench import cache as bench_cache
+        from governor.engine.bench import spec as bench_spec
 
         variants: dict[str, dict[str, Any]] = {}
         if not args.no_equal_draft:
@@ -289,7 +290,7 @@ def _run(args: argparse.Namespace) -> int:
         bench_cache.write_envelope("bench-spec", args.model, result, args.output_json)
         return 0
     if args.command == "bench" and args.bench in ("prefix", "kv"):
-        from governor.engine import bench_cache
+        from governor.engine.bench import cache as bench_cache
 
         if args.bench == "prefix":
             result = bench_cache.bench_prefix(args.model, _engine_args(args), args.system_len, args.suffix_len,
@@ -314,7 +315,7 @@ def _run(args: argparse.Namespace) -> int:
         bench_cache.write_envelope(f"bench-{args.bench}", args.model, result, args.output_json)
         return 0
     if args.command == "bench" and args.bench == "attention":
-        from governor.engine import bench_attention as ba
+        from governor.engine.bench import attention as ba
 
         cases = ba.parse_cases(args.batches, args.contexts, args.heads, args.head_dim, args.kv_dtypes,
                                args.block_size, args.splits, args.tables)

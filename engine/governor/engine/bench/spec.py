@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from governor.engine.bench_cache import random_ids
-from governor.engine.bench_throughput import sync_device
+from governor.engine.bench.cache import random_ids
+from governor.engine.bench.throughput import sync_device
 from governor.engine.llm import LLM
 from governor.engine.models.checkpoint import weight_files
 from governor.engine.sampling_params import SamplingParams

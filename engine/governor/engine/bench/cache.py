@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from governor.engine.bench_throughput import hardware, sync_device
+from governor.engine.bench.throughput import hardware, sync_device
 from governor.engine.llm import LLM
 from governor.engine.llm_engine import LLMEngine
 from governor.engine.sampling_params import SamplingParams

@@ -11,7 +11,7 @@ the K/V bytes the call must read over its time:
 Not counted (each is recorded as `other_bytes`): q and the output, the block table (4 bytes per block)
 and the split-KV partials (float32 acc, m, l written by the decode programs and read back by the merge).
 The fraction is `kv_gb_per_s` over the HBM bandwidth of a 1 GiB device-to-device copy measured in the
-same process (`bench_latency.hbm_bandwidth_gb_per_s`, read and write counted).
+same process (`bench.latency.hbm_bandwidth_gb_per_s`, read and write counted).
 
 Timing on CUDA: warm-up calls first (Triton compilation, allocator), then `iters` calls, each preceded by
 a write of a 256 MiB buffer that evicts L2 (so K/V come from HBM), each between its own CUDA events,
@@ -240,7 +240,7 @@ def bench_case(case: AttentionCase, q_dtype: torch.dtype, device: torch.device, 
 def bench_attention(cases: list[AttentionCase], q_dtype: torch.dtype = torch.bfloat16, device: str = "auto",
                     warmup: int = 10, iters: int = 50, on_row: Any = None) -> dict[str, Any]:
     """Time every case; `on_row(rows_so_far)` after each, so a long sweep leaves partial results."""
-    from governor.engine.bench_latency import hbm_bandwidth_gb_per_s
+    from governor.engine.bench.latency import hbm_bandwidth_gb_per_s
 
     dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
     hbm = hbm_bandwidth_gb_per_s() if dev.type == "cuda" else None
@@ -279,7 +279,7 @@ def parse_cases(batches: str, contexts: str, heads: str, head_dim: int, kv_dtype
 
 def write_envelope(result: dict[str, Any], output_json: str | None) -> dict[str, Any]:
     """The result with the time and the hardware/software envelope; written to `output_json` if given."""
-    from governor.engine.bench_throughput import hardware
+    from governor.engine.bench.throughput import hardware
 
     env = {"benchmark": "bench-attention", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "hardware": hardware(), "kv_bytes_formula": "2 * batch * context * num_kv_heads * head_dim * itemsize"

@@ -4,7 +4,7 @@ batch size. Batch 1 is the latency one user sees; it is what tensor parallelism 
 Every step ends with the sampled token ids on the host, so wall time between steps is the step's time.
 A step counts as decode once every request of the batch has its first token, while every request still
 gets a token from it; its time is the latency of one output token of each request. Requests are greedy;
-`--penalties` and `--structured json` add logits processing to every one (`bench_throughput.RequestOptions`),
+`--penalties` and `--structured json` add logits processing to every one (`bench.throughput.RequestOptions`),
 whose per-token cost is the difference to the plain run. A structured request ends with its object, so
 its decode steps are those up to the first request's end.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from governor.engine.bench_cache import random_ids
-from governor.engine.bench_throughput import RequestOptions, sync_device
+from governor.engine.bench.cache import random_ids
+from governor.engine.bench.throughput import RequestOptions, sync_device
 from governor.engine.gc_freeze import startup_objects_frozen
 from governor.engine.kv.cache import bytes_per_block
 from governor.engine.llm import LLM
