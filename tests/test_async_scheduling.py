@@ -14,7 +14,7 @@ import torch
 
 from governor.engine import SamplingParams
 from governor.engine.config import EngineConfig, Knobs
-from governor.engine.kv.block_pool import BlockPool
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.llm_engine import LLMEngine
 from governor.engine.outputs import StepResult
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
@@ -135,8 +135,8 @@ def check_same_events(path: str, kwargs: dict[str, Any]) -> LLMEngine:
     got = drive(engine, workload(stops))
     assert got == expected
     assert fed[0] > 10, "hardly any step was launched ahead: the test would not see async scheduling"
-    engine.block_pool.check_invariants()
-    assert engine.block_pool.num_used == 0 and not engine.scheduler.running and not engine._requests
+    engine.kv.check_invariants(engine.scheduler.running)
+    assert engine.kv.pool.num_used == 0 and not engine.scheduler.running and not engine._requests
     return engine
 
 
@@ -150,13 +150,13 @@ def test_a_step_in_flight_for_a_request_that_ended_is_dropped_and_its_blocks_com
         events += [(ev.request_id, ev.token_id) for ev in engine.step().events]
     assert engine._in_flight is not None  # the step after the last one read is running
     assert engine.abort("a") is not None
-    assert engine.block_pool.num_used == len(engine._requests["b"].seq.block_table)
+    assert engine.kv.pool.num_used == len(engine._requests["b"].seq.block_table)
     while engine.has_unfinished_requests():
         events += [(ev.request_id, ev.token_id) for ev in engine.step().events]
     assert sum(rid == "a" for rid, _ in events) == 3  # nothing from the row launched before the abort
     assert sum(rid == "b" for rid, _ in events) == 30
-    engine.block_pool.check_invariants()
-    assert engine.block_pool.num_used == 0
+    engine.kv.check_invariants(engine.scheduler.running)
+    assert engine.kv.pool.num_used == 0
 
 
 def test_sampled_or_logprob_requests_run_one_step_at_a_time_and_match(hf_checkpoint) -> None:
@@ -197,7 +197,7 @@ def running_scheduler(lengths: list[int], block_size: int = 4, num_blocks: int =
     """A scheduler whose sequences have each just had a step launched that samples their next token:
     every known token computed."""
     k = Knobs(**{"max_num_seqs": 8, "max_num_batched_tokens": 64, "num_speculative_tokens": 0, **knobs})
-    sched = Scheduler(BlockPool(num_blocks), block_size, k)
+    sched = Scheduler(KVManager(num_blocks, block_size), k)
     seqs = []
     for i, n in enumerate(lengths):
         seq = Sequence(f"q{i}", i, list(range(1, n + 1)), SamplingParams(temperature=0.0, max_tokens=50), 50)
@@ -205,8 +205,7 @@ def running_scheduler(lengths: list[int], block_size: int = 4, num_blocks: int =
         seqs.append(seq)
     out = sched.schedule()
     assert [s.num_new_tokens for s in out.scheduled] == lengths
-    for s in out.scheduled:
-        s.seq.num_computed_tokens += s.num_new_tokens
+    sched.update_from_output(out)
     return sched, seqs
 
 
@@ -216,7 +215,7 @@ def rows_of(seqs: list[Sequence]) -> dict[int, int]:
 
 def test_continuation_feeds_every_running_sequence_in_running_order_and_allocates_at_block_ends() -> None:
     sched, seqs = running_scheduler([3, 4, 8, 5])  # positions 3, 4, 8, 5: the 4- and 8-token ones need a block
-    pool = sched.block_pool
+    pool = sched.kv.pool
     free = pool.num_free
     rows = {id(seqs[0]): 2, id(seqs[1]): 0, id(seqs[2]): 3, id(seqs[3]): 1}
     out = sched.schedule_continuation(rows, set())
@@ -248,11 +247,11 @@ def test_continuation_declines_whenever_the_scheduler_could_do_otherwise(case: s
     elif case == "budget":
         sched.knobs.max_num_batched_tokens = 2
     else:  # two sequences at a block end, one free block
-        sched.block_pool.allocate(sched.block_pool.num_free - 1)
+        sched.kv.pool.allocate(sched.kv.pool.num_free - 1)
     tables = [list(s.block_table) for s in seqs]
-    free = sched.block_pool.num_free
+    free = sched.kv.pool.num_free
     assert sched.schedule_continuation(rows, set()) is None
-    assert [s.block_table for s in seqs] == tables and sched.block_pool.num_free == free  # nothing allocated
+    assert [s.block_table for s in seqs] == tables and sched.kv.pool.num_free == free  # nothing allocated
 
 
 def test_a_waiting_sequence_does_not_stop_a_continuation_when_it_could_not_be_admitted() -> None:
@@ -279,8 +278,7 @@ def test_fed_step_computes_what_a_step_with_the_tokens_on_the_host_computes(hf_c
             seqs.append(seq)
         out = sched.schedule()
         engine.runner.execute(out)
-        for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
+        sched.update_from_output(out)
         if fed:
             previous = torch.tensor([0, *reversed(nxt)])  # row 1 + j holds sequence (2 - j)'s token
             step = sched.schedule_continuation({id(s): 3 - i for i, s in enumerate(seqs)}, set())

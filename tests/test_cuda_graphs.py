@@ -95,7 +95,7 @@ def test_the_engine_runs_eagerly_on_cpu_and_when_enforced(hf_checkpoint) -> None
     path = str(hf_checkpoint("llama"))
     for kwargs in ({}, {"enforce_eager": True}):
         llm = LLM(path, dtype="float32", **kwargs)
-        assert not llm.engine.use_cuda_graphs
+        assert not llm.engine.executor.use_cuda_graphs
         assert llm.engine.runner.graphs is None
 
 

@@ -38,8 +38,8 @@ def test_shared_blocks_are_held_once_while_the_choices_run(model: Path) -> None:
     used = []
     while engine.has_unfinished_requests():
         engine.step()
-        used.append(engine.block_pool.num_used)
-        engine.block_pool.check_invariants()
+        used.append(engine.kv.pool.num_used)
+        engine.kv.check_invariants(engine.scheduler.running)
     # 6 shared full blocks + each choice's own last block (its prompt's tail and first outputs): 6 + 4, not 4 * 7.
     assert max(used) == 10
 

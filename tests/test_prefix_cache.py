@@ -136,10 +136,10 @@ def test_prefix_cache_under_preemption_keeps_outputs_and_invariants(model: Path,
         while eng.has_unfinished_requests():
             for o in eng.step().finished:
                 outs[o.request_id] = o
-            eng.block_pool.check_invariants()
+            eng.kv.check_invariants(eng.scheduler.running)
             holders = Counter(b for s in eng.scheduler.running for b in s.block_table)
-            assert all(eng.block_pool.ref_counts[b] == c for b, c in holders.items())
-            assert len(holders) == eng.block_pool.num_used
+            assert all(eng.kv.pool.ref_counts[b] == c for b, c in holders.items())
+            assert len(holders) == eng.kv.pool.num_used
         assert [outs[f"{rnd}-{i}"].outputs[0].token_ids for i in range(n)] == want
         assert llm.stats()["kv_blocks_used"] == 0
 
@@ -154,8 +154,7 @@ def test_prefill_chunks_end_on_block_boundaries_unless_alignment_is_off(model: P
         while eng.has_unfinished_requests():
             out = eng.scheduler.schedule()
             chunks += [s.num_new_tokens for s in out.scheduled]
-            for s in out.scheduled:  # account the chunk as computed without running the model
-                s.seq.num_computed_tokens += s.num_new_tokens
+            eng.scheduler.update_from_output(out)  # the chunk counts as computed without running the model
             if sum(chunks) >= len(prompt):
                 eng.abort("r")
         assert chunks == want

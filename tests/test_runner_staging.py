@@ -15,7 +15,7 @@ import torch
 
 import governor.engine.runner as runner_module
 from governor.engine.config import Knobs
-from governor.engine.kv.block_pool import BlockPool
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.runner import ModelRunner, StepShape
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
@@ -74,18 +74,11 @@ def host_buffers(r: ModelRunner) -> dict[str, np.ndarray]:
 
 def advance(sched: Scheduler, out: SchedulerOutput, rng: random.Random) -> None:
     """What a step does to the sequences, as LLMEngine.step does it, with random tokens and acceptances."""
-    for s in out.scheduled:
+    for s in sched.update_from_output(out):
         seq = s.seq
-        samples = s.samples  # asked before the advance, as the engine does
-        seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
-        if not samples:
-            sched.trim_blocks(seq)
-            sched.cache_computed_blocks(seq)
-            continue
         accepted = rng.randint(0, len(s.draft_tokens))
-        seq.num_computed_tokens += accepted
-        sched.trim_blocks(seq)  # releases the slots of rejected drafts: the next step may get other blocks
-        sched.cache_computed_blocks(seq)
+        if s.draft_tokens:  # releases the slots of rejected drafts: the next step may get other blocks
+            sched.accept_drafts(seq, accepted)
         seq.output_token_ids.extend([*s.draft_tokens[:accepted], rng.randrange(50)])
         if seq.num_tokens >= MAX_MODEL_LEN - 1 - MAX_SPEC or len(seq.output_token_ids) >= seq.max_tokens:
             sched.finish(seq, "length")
@@ -97,9 +90,9 @@ def advance(sched: Scheduler, out: SchedulerOutput, rng: random.Random) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_stage_fills_the_same_buffers_as_a_per_row_reference_over_random_schedules(seed: int) -> None:
     rng = random.Random(seed)
-    pool = BlockPool(24)  # small: sequences are preempted and blocks reused under other sequences
+    kv = KVManager(24, BLOCK_SIZE, enable_prefix_caching=True)  # small: preemptions, blocks reused by others
     knobs = Knobs(max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS, num_speculative_tokens=0)
-    sched = Scheduler(pool, BLOCK_SIZE, knobs, enable_prefix_caching=True, max_model_len=MAX_MODEL_LEN)
+    sched = Scheduler(kv, knobs, max_model_len=MAX_MODEL_LEN)
     fast, ref = make_runner(), make_runner()
     prefixes = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]  # shared prompts: cache hits
     seen = {"decode_rows": 0, "prefill_rows": 0, "draft_rows": 0, "preemptions": 0, "grown_tables": 0}
@@ -154,9 +147,8 @@ def random_steps(seed: int, steps: int = 150) -> Iterator[tuple[ModelRunner, Sch
     after the arrivals stop, steps of decodes alone), for the caller to stage; the sequences advance
     after the caller's turn."""
     rng = random.Random(seed)
-    pool = BlockPool(40)
     knobs = Knobs(max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS, num_speculative_tokens=0)
-    sched = Scheduler(pool, BLOCK_SIZE, knobs, enable_prefix_caching=True, max_model_len=MAX_MODEL_LEN)
+    sched = Scheduler(KVManager(40, BLOCK_SIZE, enable_prefix_caching=True), knobs, max_model_len=MAX_MODEL_LEN)
     runner = make_runner()
     for step in range(steps):
         if step < steps // 2 and rng.random() < 0.3:

@@ -77,7 +77,7 @@ def test_a_different_draft_keeps_greedy_output_identical(target: Path, other_dra
     s = spec.stats()
     assert s["spec_accepted_tokens"] < s["spec_proposed_tokens"]
     assert s["kv_blocks_used"] == 0
-    assert spec.engine.proposer.pool.num_used == 0  # type: ignore[union-attr]
+    assert spec.engine.spec.proposer.kv.num_used == 0  # type: ignore[union-attr]
 
 
 def test_a_block_filled_by_accepted_drafts_is_cached_once_its_tokens_are_known(target: Path) -> None:
@@ -142,10 +142,10 @@ def test_speculation_keeps_block_invariants_under_preemption(target: Path, k, bu
     while eng.has_unfinished_requests():
         for o in eng.step().finished:
             outs[o.request_id] = o.outputs[0].token_ids
-        eng.block_pool.check_invariants()
+        eng.kv.check_invariants(eng.scheduler.running)
         holders = Counter(b for s in eng.scheduler.running for b in s.block_table)
-        assert all(eng.block_pool.ref_counts[b] == c for b, c in holders.items())
-        assert len(holders) == eng.block_pool.num_used
+        assert all(eng.kv.pool.ref_counts[b] == c for b, c in holders.items())
+        assert len(holders) == eng.kv.pool.num_used
         for s in eng.scheduler.running:  # rejected drafts leave no blocks behind
             assert len(s.block_table) == -(-s.num_computed_tokens // 4)
     assert [outs[str(i)] for i in range(len(prompts))] == want

@@ -13,7 +13,7 @@ import governor.engine.llm_engine as llm_engine
 import governor.engine.runner as runner_module
 from governor.engine import LLM, SamplingParams
 from governor.engine.config import Knobs
-from governor.engine.kv.block_pool import BlockPool
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.llm_engine import LLMEngine
 from governor.engine.sampler import argmax_only, greedy_tokens, sample
 from governor.engine.scheduler import Scheduler
@@ -118,21 +118,21 @@ def test_a_stop_token_that_is_also_eos_reports_itself_as_the_stop_reason(llm: LL
 
 def test_a_decode_at_a_block_boundary_takes_a_block_and_preempts_when_none_is_free() -> None:
     """The scheduler's usual-decode shortcut covers only a decode with room in its last block."""
-    pool = BlockPool(2)
-    sched = Scheduler(pool, 4, Knobs(max_num_seqs=4, max_num_batched_tokens=64, num_speculative_tokens=0))
+    sched = Scheduler(KVManager(2, 4), Knobs(max_num_seqs=4, max_num_batched_tokens=64, num_speculative_tokens=0))
+    pool = sched.kv.pool
     old, new = (Sequence(r, i, [1, 2, 3], SamplingParams(temperature=0.0), 8) for i, r in enumerate("ab"))
     for seq in (old, new):
         sched.add(seq)
     out = sched.schedule()  # both prefill 3 tokens into a block each
     assert [s.num_new_tokens for s in out.scheduled] == [3, 3]
+    sched.update_from_output(out)
     for seq in (old, new):
-        seq.num_computed_tokens = 3
         seq.output_token_ids.append(7)
     out = sched.schedule()  # each decode has room: its 4th slot
     assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(old, 1), (new, 1)]
     assert pool.num_free == 0
+    sched.update_from_output(out)
     for seq in (old, new):
-        seq.num_computed_tokens = 4
         seq.output_token_ids.append(7)
     out = sched.schedule()  # the 5th token needs a block: none is free, so the newest is preempted
     assert [(s.seq, s.num_new_tokens) for s in out.scheduled] == [(old, 1)]

@@ -164,13 +164,13 @@ def test_a_draft_model_runs_whole_on_rank_0_beside_the_split_target(hf_checkpoin
     with LLM(path, dtype="float32", tensor_parallel_size=2, speculative_config=spec) as llm:
         assert tokens(llm.generate(prompts, greedy(12))) == want
         stats = llm.stats()
-        assert llm.engine.proposer.model.tp.size == 1  # type: ignore[union-attr]
+        assert llm.engine.spec.proposer.model.tp.size == 1  # type: ignore[union-attr]
     assert stats["spec_proposed_tokens"] > 0 and stats["spec_accepted_tokens"] == stats["spec_proposed_tokens"]
 
 
 def test_close_ends_every_worker_process(hf_checkpoint) -> None:
     llm = LLM(str(hf_checkpoint("mistral")), dtype="float32", tensor_parallel_size=2)
-    workers = llm.engine._workers
+    workers = llm.engine.executor._workers
     assert workers is not None and len(workers.pids) == 1 and all(pid_alive(p) for p in workers.pids)
     llm.generate([[5, 6, 7]], greedy(2))
     llm.close()
@@ -201,7 +201,7 @@ import os, signal, sys
 from governor.engine import LLM
 from governor.engine.cli import main as governor_main
 llm = LLM(sys.argv[1], dtype="float32", tensor_parallel_size=2)
-print(llm.engine._workers.pids[0], flush=True)
+print(llm.engine.executor._workers.pids[0], flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # rank 0 dies without closing anything
 """
 

@@ -30,11 +30,11 @@ def test_warm_up_leaves_no_trace(hf_checkpoint, settings: dict[str, Any]) -> Non
         calls[0] += 1
         return inner(*args, **kwargs)
     engine.runner.execute = execute  # type: ignore[method-assign]
-    engine._warm_up_kernels()
+    engine.executor.warm_up(engine.kv, engine.config.seqs_cap, engine.config.tokens_cap, engine.max_model_len)
     assert calls[0] >= 1  # at least one step fits even the smallest budget here (17 tokens)
     assert engine.stats() == before
-    assert engine.block_pool.num_used == 0 and engine.block_pool.num_cached == 0
-    engine.block_pool.check_invariants()
+    assert engine.kv.pool.num_used == 0 and engine.kv.pool.num_cached == 0
+    engine.kv.check_invariants(engine.scheduler.running)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(10))] == expected
 
 
@@ -44,15 +44,15 @@ def _warm_up_steps(path: str, max_model_len: int, budget: int = 48) -> list[tupl
               block_size=4)
     engine = llm.engine
     steps: list[tuple[int, int, int]] = []  # (tokens, sequences, decodes)
-    inner = engine._execute
+    inner = engine.executor.execute
 
     def execute(out: Any, *args: Any, **kwargs: Any) -> Any:
         tokens = sum(s.num_new_tokens for s in out.scheduled)
         decodes = sum(1 for s in out.scheduled if s.seq.num_computed_tokens > 0)
         steps.append((tokens, len(out.scheduled), decodes))
         return inner(out, *args, **kwargs)
-    engine._execute = execute  # type: ignore[method-assign]
-    engine._warm_up_kernels()
+    engine.executor.execute = execute  # type: ignore[method-assign]
+    engine.executor.warm_up(engine.kv, engine.config.seqs_cap, engine.config.tokens_cap, engine.max_model_len)
     return steps
 
 

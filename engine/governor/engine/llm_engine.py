@@ -1,14 +1,15 @@
 """The step loop: admit requests, schedule, run the model, sample, stop, free blocks.
 
-Beside it: request intake (`intake`), a live request's stop checks and outputs (`request_state`), drafts
-(`spec.drafts`), the kernel warm-up at start (`warm_up`) and the tensor-parallel workers (`tp.rank0`)."""
+Beside it: start-up and the forward pass (`executor`: ranks, weights, graphs, warm-up), request intake
+(`intake`), who runs each step and the computed-token counts (`scheduler`), which blocks each sequence holds
+(`kv.kv_manager`), speculative decoding (`spec.decoding`), and a live request's stop checks and outputs
+(`request_state`)."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -17,10 +18,10 @@ import torch
 from governor.engine import intake
 from governor.engine.config import EngineConfig, Knobs
 from governor.engine.detokenizer import IncrementalDetokenizer
+from governor.engine.executor import ModelExecutor, resolve_worker_spec
 from governor.engine.intake import Prompt
 from governor.engine.kv.block_hash import identity_seed
-from governor.engine.kv.block_pool import BlockPool
-from governor.engine.kv.cache import bytes_per_block
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.logits_processing import LogitsProcessor, needs_processing
 from governor.engine.models.checkpoint import model_digest, tokenizer_digest
 from governor.engine.models.model_config import load_model_config
@@ -30,23 +31,13 @@ from governor.engine.sampler import argmax_only, greedy_tokens, sample
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence, SequenceStatus
-from governor.engine.spec.draft_model import DraftModelProposer
-from governor.engine.spec.drafts import propose_drafts, sample_with_drafts
-from governor.engine.spec.proposer import NgramProposer, Proposer
+from governor.engine.spec.decoding import SpeculativeDecoding, make_proposer
 from governor.engine.tokenizer import decoder, load_tokenizer
-from governor.engine.tp.group import SINGLE, TPGroup
-from governor.engine.tp.processes import WorkerProcesses
-from governor.engine.tp.rank0 import start_workers, stop_workers
-from governor.engine.tp.sharding import shard_config
-from governor.engine.warm_up import warm_up_kernels
-from governor.engine.worker import Worker, WorkerSpec
 
 if TYPE_CHECKING:  # imported when the first structured request comes: the grammar library loads with it
     from governor.engine.structured import StructuredOutputs
 
 log = logging.getLogger("governor.engine")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _Sampled(NamedTuple):
@@ -76,22 +67,13 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        device_type = _resolve_device(config.device)
-        self.model_config = load_model_config(config.model)
-        mc = self.model_config
-        dtype_name = mc.torch_dtype if config.dtype == "auto" else config.dtype
-        self.dtype = _DTYPES[dtype_name]
+        self.model_config = mc = load_model_config(config.model)
         limit = mc.max_position_embeddings if mc.sliding_window is None else min(mc.max_position_embeddings,
                                                                                    mc.sliding_window)
         self.max_model_len = config.max_model_len or limit
         if self.max_model_len > limit:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds what the model supports ({limit}: "
                              "max_position_embeddings" + (", sliding window" if mc.sliding_window else "") + ")")
-        tp_size = config.tensor_parallel_size
-        shard_config(mc, tp_size)  # a size that does not divide the heads fails here, before any process starts
-        if device_type == "cuda" and tp_size > torch.cuda.device_count():
-            raise ValueError(f"tensor_parallel_size={tp_size} needs {tp_size} GPUs (one per rank); torch sees "
-                             f"{torch.cuda.device_count()}")
         tok_dir = config.tokenizer or config.model
         self.tokenizer = load_tokenizer(tok_dir)
         self._decode = decoder(self.tokenizer)  # tokenizer.decode(ids, skip_special_tokens=...), fast where it can
@@ -100,62 +82,27 @@ class LLMEngine:
         log.info("model %s (%s%s): model digest %s, tokenizer digest %s", config.model, mc.architecture,
                  ", random weights" if config.load_format == "dummy" else "", self.model_digest,
                  self.tokenizer_digest)
-
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "triton" if device_type == "cuda" else "torch"
-        spec = config.speculative_config
-        draft_bytes = 0
-        if spec is not None and spec.model:  # the draft model keeps a cache of as many blocks
-            draft_bytes = bytes_per_block(load_model_config(spec.model), config.block_size, self.dtype)
-        worker_spec = WorkerSpec(config, mc, self.dtype, device_type, self.max_model_len, backend,
-                                 min(mc.vocab_size, len(self.tokenizer)), draft_bytes)
-        self.tp: TPGroup = SINGLE
-        self._workers: WorkerProcesses | None = None
-        self._finalizer: weakref.finalize[[TPGroup, WorkerProcesses], LLMEngine] | None = None
-        if tp_size > 1:
-            self._start_workers(worker_spec, tp_size)
+        worker_spec = resolve_worker_spec(config, mc, self.max_model_len, min(mc.vocab_size, len(self.tokenizer)))
+        self.dtype, backend = worker_spec.dtype, worker_spec.attention_backend
+        self.executor = ex = ModelExecutor(worker_spec)
         try:
-            self.worker = Worker(worker_spec, self.tp)
-            self._init_rank0(backend)
-            if self.use_cuda_graphs:
-                self._capture_cuda_graphs()
+            self.device, self.model, self.runner, self.tp = ex.device, ex.model, ex.runner, ex.tp
+            self.kv_caches = ex.kv_caches
+            self.block_size, self.kv_dtype, self.num_blocks = ex.block_size, ex.kv_dtype, ex.num_blocks
+            self.knobs: Knobs = config.initial_knobs()
+            self.kv = KVManager(self.num_blocks, self.block_size, config.enable_prefix_caching)
+            self.scheduler = Scheduler(self.kv, self.knobs, self.max_model_len, config.align_prefill_chunks)
+            proposer = make_proposer(config, mc, self.dtype, self.device, self.num_blocks, self.block_size,
+                                     self.max_model_len, backend)
+            self.spec = None if proposer is None else SpeculativeDecoding(proposer, self.scheduler, config.spec_cap)
             if self.device.type == "cuda" and backend == "triton":
-                self._warm_up_kernels()
+                ex.warm_up(self.kv, config.seqs_cap, config.tokens_cap, self.max_model_len)
         except BaseException:
-            self.close()
+            ex.close()
             raise
-
-    def _start_workers(self, spec: WorkerSpec, size: int) -> None:
-        """Spawn ranks 1..size-1 and join their rendezvous as rank 0."""
-        self.tp, workers = start_workers(spec, size)
-        self._workers = workers
-        # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers)
-        log.info("tensor parallel: %d ranks (%s), worker pids %s", size, torch.distributed.get_backend(),
-                 workers.pids)
-
-    def _init_rank0(self, backend: str) -> None:
-        config, w = self.config, self.worker
-        self.device = w.device
-        self.model, self.kv_caches, self.runner = w.model, w.kv_caches, w.runner
-        self.block_size, self.kv_dtype, self.num_blocks = w.block_size, w.kv_dtype, w.num_blocks
-        self.attention_backend = backend
-        self.cuda_graph_capture_s = 0.0
-        log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB%s); max concurrent max_model_len "
-                 "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
-                 w.kv_cache_bytes() / 2**20, " per rank" if self.tp.size > 1 else "",
-                 self.num_blocks * self.block_size / self.max_model_len)
-        self.knobs: Knobs = config.initial_knobs()
-        self.block_pool = BlockPool(self.num_blocks)
-        self.scheduler = Scheduler(self.block_pool, self.block_size, self.knobs, config.enable_prefix_caching,
-                                   self.max_model_len, config.align_prefill_chunks)
-        self.proposer = self._make_proposer(backend)
-        self.spec_counters = {"spec_proposed_tokens": 0, "spec_accepted_tokens": 0, "spec_verification_steps": 0}
-        self.spec_accepted_by_position = [0] * config.spec_cap
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
-        self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
+        self.eos_token_ids = frozenset(mc.eos_token_ids)
         self._requests: dict[str, RequestState] = {}
         # Invariant: how many requests in _requests are not argmax_only. While none is, a step without
         # drafts samples with one argmax and no per-row work (`_sample`).
@@ -174,63 +121,11 @@ class LLMEngine:
         self.counters = {"prompt_tokens": 0, "generation_tokens": 0, "steps": 0, "requests_finished": 0,
                          "tokens_computed": 0}
 
-    @property
-    def use_cuda_graphs(self) -> bool:
-        """Decode steps replay CUDA graphs: on a CUDA device, one rank, the Triton attention backend (the
-        torch reference syncs with the host), unless `enforce_eager`."""
-        return (self.device.type == "cuda" and self.tp.size == 1 and not self.config.enforce_eager
-                and self.attention_backend == "triton")
-
-    def _capture_cuda_graphs(self) -> None:
-        t0 = time.perf_counter()
-        self.runner.capture_cuda_graphs(self.config.seqs_cap)
-        torch.cuda.synchronize(self.device)
-        graphs = self.runner.graphs
-        assert graphs is not None
-        self.cuda_graph_capture_s = time.perf_counter() - t0
-        log.info("CUDA graphs: %d captured in %.1f s (decode batch sizes up to %d%s)", graphs.num_captures,
-                 self.cuda_graph_capture_s, self.config.seqs_cap,
-                 f", verification at {1 + self.config.spec_cap} tokens per sequence" if self.config.spec_cap else "")
-
-    def _warm_up_kernels(self) -> None:
-        """Compile the Triton kernels of prefill and mixed steps now rather than on the first requests
-        (`warm_up.warm_up_kernels`)."""
-        warm_up_kernels(self._execute, self.scheduler, self.config.seqs_cap, self.config.tokens_cap,
-                        self.max_model_len, self.device)
-
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one
         rank. The engine cannot step afterwards. Also runs when the engine is garbage-collected or the
         interpreter exits."""
-        if self._finalizer is not None:
-            self._finalizer()
-
-    @property
-    def closed(self) -> bool:
-        return self._finalizer is not None and not self._finalizer.alive
-
-    def _execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
-                 fp32_logits: bool = True) -> torch.Tensor:
-        """The runner's step, after checking that every rank is there to run it."""
-        if self._workers is not None:
-            if self.closed:
-                raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
-            self._workers.check_alive()
-        return self.runner.execute(out, all_logits, feed, fp32_logits)
-
-    def _make_proposer(self, backend: str) -> Proposer | None:
-        spec = self.config.speculative_config
-        if spec is None:
-            return None
-        if spec.method == "ngram":
-            return NgramProposer(spec)
-        assert spec.model is not None
-        # The draft's pool has a block for every target block plus room for each sequence's lookahead.
-        # Under tensor parallelism the draft runs whole on rank 0 (it is small; workers never see it).
-        extra = self.config.seqs_cap * (-(-spec.num_speculative_tokens // self.block_size) + 1)
-        return DraftModelProposer(spec.model, self.model_config, self.dtype, self.device, self.num_blocks + extra,
-                                  self.block_size, self.max_model_len, self.config.seqs_cap,
-                                  self.config.tokens_cap, backend)
+        self.executor.close()
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -372,20 +267,13 @@ class LLMEngine:
         for seq in out.admitted:  # only a sequence taken from the queue can be scheduled for the first time
             if seq.first_scheduled_at is None:
                 seq.first_scheduled_at = now
-        draft_probs = propose_drafts(self.proposer, out.scheduled)
+        draft_probs = self.spec.propose(out.scheduled) if self.spec is not None else {}
         # A step whose every token is an argmax takes it over the model-dtype logits (same tokens).
         argmax_step = self._argmax_step(out)
-        logits = self._execute(out, fp32_logits=not argmax_step)
+        logits = self.executor.execute(out, fp32_logits=not argmax_step)
         self.counters["steps"] += 1
         self.counters["tokens_computed"] += sum(s.num_new_tokens for s in out.scheduled)
-        sampling: list[ScheduledSeq] = []
-        settle = self.scheduler.settle_blocks
-        for s in out.scheduled:  # KV of known tokens is now written; drafts are settled after verification
-            if s.samples:
-                sampling.append(s)
-            s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
-            if not s.draft_tokens:
-                settle(s.seq)
+        sampling = self.scheduler.update_from_output(out)  # drafts are settled after verification
         if self._async and argmax_step and sampling:  # its tokens can stay on the device a while
             launched = self._launched(sampling, logits)
             self._in_flight = self._launch_continuation(launched)
@@ -401,7 +289,8 @@ class LLMEngine:
             at = 0
             for s, n in zip(sampling, sampled.counts, strict=True):
                 if s.draft_tokens:
-                    self._settle_drafts(s, num_accepted=n - 1)
+                    assert self.spec is not None
+                    self.spec.settle(s, num_accepted=n - 1)
                 req = requests[s.seq.request_id]
                 for j in range(at, at + n):
                     if self._append_token(req, tokens[j], lps[j] if lps is not None else None, result):
@@ -416,8 +305,7 @@ class LLMEngine:
         """Whether every token a scheduled step samples is the argmax of its logits row: every live request
         is greedy without logprobs, and no sequence carries drafts (verification reads whole rows; without
         drafts the logits rows are the sampling sequences', one each)."""
-        return self._num_not_argmax == 0 and (self.proposer is None
-                                              or not any(s.draft_tokens for s in out.scheduled))
+        return self._num_not_argmax == 0 and (self.spec is None or not any(s.draft_tokens for s in out.scheduled))
 
     def _launched(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> _InFlight:
         """Take the argmax of each row on the device and start copying the tokens to the host."""
@@ -446,14 +334,11 @@ class LLMEngine:
         out = self.scheduler.schedule_continuation(rows, ending)
         if out is None:
             return None
-        logits = self._execute(out, feed=prev.tokens, fp32_logits=False)  # its tokens are argmaxes
+        logits = self.executor.execute(out, feed=prev.tokens, fp32_logits=False)  # its tokens are argmaxes
         self.counters["steps"] += 1
         self.counters["tokens_computed"] += len(out.scheduled)
-        settle = self.scheduler.settle_blocks
-        for s in out.scheduled:  # one past the known tokens until prev's token joins them (`_complete`)
-            s.seq.num_computed_tokens += 1
-            settle(s.seq)
-        return self._launched(out.scheduled, logits)
+        # Each is counted one past its known tokens until prev's token joins them (`_complete`).
+        return self._launched(self.scheduler.update_from_output(out), logits)
 
     def _complete(self, flight: _InFlight, result: StepResult) -> None:
         """Wait for a launched step's tokens and append them, as a step appends its sampled tokens. A row
@@ -463,7 +348,7 @@ class LLMEngine:
         tokens = flight.host.tolist()
         requests, events = self._requests, result.events
         num_events = len(events)
-        cache = self.config.enable_prefix_caching
+        cache = self.kv.enable_prefix_caching
         for s, token in zip(flight.sampling, tokens, strict=True):
             seq = s.seq
             if seq.status is not SequenceStatus.RUNNING:
@@ -471,7 +356,7 @@ class LLMEngine:
             if not self._append_token(requests[seq.request_id], token, None, result) and cache:
                 # A step in flight computes this token's KV: register its block once full, as the settle
                 # after that step would have, had it run after the token was known.
-                self.scheduler.cache_computed_blocks(seq)
+                self.kv.cache_computed(seq)
         self.counters["generation_tokens"] += len(events) - num_events
 
     def _append_token(self, req: RequestState, token: int, lp: dict[int, float] | None, result: StepResult) -> bool:
@@ -493,8 +378,8 @@ class LLMEngine:
     def _end(self, req: RequestState, reason: str) -> RequestOutput:
         """End a live request: free its blocks and proposer state, count it, forget it; its final output."""
         self.scheduler.finish(req.seq, reason)
-        if self.proposer is not None:
-            self.proposer.release(req.seq)
+        if self.spec is not None:
+            self.spec.release(req.seq)
         self.counters["requests_finished"] += 1
         self._forget(req.seq.request_id)
         return req.output(self.detokenize)
@@ -519,22 +404,10 @@ class LLMEngine:
             sampled = sample(logits, [q.params for q in seqs], [q.generator for q in seqs], self.generator,
                              [q.logits_processor for q in seqs])
             return _Sampled(sampled.token_ids, sampled.logprobs, None)
-        out = sample_with_drafts(sampling, logits, draft_probs, self.generator)
+        assert self.spec is not None
+        out = self.spec.verify(sampling, logits, draft_probs, self.generator)
         return _Sampled([t for tokens, _ in out for t in tokens], [lp for _, lps in out for lp in lps],
                         [len(tokens) for tokens, _ in out])
-
-    def _settle_drafts(self, s: ScheduledSeq, num_accepted: int) -> None:
-        """Keep the KV of accepted drafts, release the slots of rejected ones, and count."""
-        k = len(s.draft_tokens)
-        s.seq.num_computed_tokens += num_accepted
-        self.scheduler.settle_blocks(s.seq)
-        if self.proposer is not None:
-            self.proposer.accepted(s.seq, k, num_accepted)
-        self.spec_counters["spec_proposed_tokens"] += k
-        self.spec_counters["spec_accepted_tokens"] += num_accepted
-        self.spec_counters["spec_verification_steps"] += 1
-        for j in range(num_accepted):
-            self.spec_accepted_by_position[j] += 1
 
     def _expire_deadlines(self, result: StepResult) -> None:
         if not self._deadlines:
@@ -559,38 +432,29 @@ class LLMEngine:
         try:
             while seq.num_computed_tokens < len(token_ids):
                 n = min(chunk, len(token_ids) - seq.num_computed_tokens)
-                self.scheduler.allocate(seq, n)
-                rows.append(self._execute(SchedulerOutput([ScheduledSeq(seq, n)]), all_logits=True))
-                seq.num_computed_tokens += n
+                self.kv.allocate(seq, n)
+                out = SchedulerOutput([ScheduledSeq(seq, n)])
+                rows.append(self.executor.execute(out, all_logits=True))
+                self.scheduler.update_from_output(out)
         finally:
-            self.block_pool.free(seq.block_table[::-1])
+            self.kv.free(seq)
         return torch.cat(rows)
 
     # --- introspection ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        steps = self.spec_counters["spec_verification_steps"]
         return {
-            **self.spec_counters,
-            "spec_acceptance_by_position": list(self.spec_accepted_by_position),
-            "spec_mean_accepted_length": self.spec_counters["spec_accepted_tokens"] / steps if steps else 0.0,
+            **(self.spec.stats() if self.spec is not None else SpeculativeDecoding.idle_stats()),
             "kv_blocks_total": self.num_blocks,
-            "kv_blocks_used": self.block_pool.num_used,
+            "kv_blocks_used": self.kv.num_used,
             "kv_block_size": self.block_size,
             "preemptions": self.scheduler.num_preemptions,
             "prefix_cache_queries": self.scheduler.prefix_cache_queries,
             "prefix_cache_hit_tokens": self.scheduler.prefix_cache_hit_tokens,
             "prompt_tokens_shared": self.scheduler.prompt_tokens_shared,
-            "kv_blocks_cached": self.block_pool.num_cached,
+            "kv_blocks_cached": self.kv.num_cached,
             "requests_running": len(self.scheduler.running),
             "requests_waiting": len(self.scheduler.waiting),
             **self.counters,
         }
 
-
-def _resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' was asked for but torch sees no CUDA device; use device='cpu'")
-    return device

@@ -7,8 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from governor.engine.config import Knobs
-from governor.engine.kv.block_hash import chain_hashes
-from governor.engine.kv.block_pool import BlockPool
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.sequence import Sequence, SequenceStatus
 
 
@@ -62,15 +61,17 @@ class Scheduler:
     sequences still in prefill, then waiting sequences are admitted while `max_num_seqs` and the
     token budget allow. When KV blocks run out, the newest running sequence not yet scheduled this
     step is preempted: its blocks are freed and it is recomputed later. A request is never dropped.
+
+    The scheduler is the only writer of a sequence's `num_computed_tokens`: at admission (a cached or shared
+    prefix), at preemption (back to 0), and after a step ran (`update_from_output`, `accept_drafts`). Its blocks
+    come and go through the KV manager (`kv`).
     """
 
-    def __init__(self, block_pool: BlockPool, block_size: int, knobs: Knobs,
-                 enable_prefix_caching: bool = False, max_model_len: int | None = None,
+    def __init__(self, kv: KVManager, knobs: Knobs, max_model_len: int | None = None,
                  align_prefill_chunks: bool = True) -> None:
-        self.block_pool = block_pool
-        self.block_size = block_size
+        self.kv = kv
+        self.block_size = kv.block_size
         self.knobs = knobs
-        self.enable_prefix_caching = enable_prefix_caching
         self.max_model_len = max_model_len
         self.align_prefill_chunks = align_prefill_chunks
         self.waiting: deque[Sequence] = deque()
@@ -87,20 +88,6 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _fits(self, seq: Sequence, n: int) -> int:
-        """How many of the next n tokens of seq fit in its blocks plus the free blocks."""
-        own = len(seq.block_table) * self.block_size - seq.num_computed_tokens
-        if own >= n:  # the usual decode: room left in its last block (no need to count free blocks)
-            return n
-        capacity = (len(seq.block_table) + self.block_pool.num_free) * self.block_size
-        return max(0, min(n, capacity - seq.num_computed_tokens))
-
-    def allocate(self, seq: Sequence, n: int) -> None:
-        """Extend seq's block table to hold its next n tokens (callers check that they fit first)."""
-        needed = -(-(seq.num_computed_tokens + n) // self.block_size) - len(seq.block_table)
-        if needed > 0:
-            seq.block_table.extend(self.block_pool.allocate(needed))
-
     def _spec_slots(self, seq: Sequence) -> int:
         """Draft slots for a decode: K, but never past max_tokens or max_model_len once all are accepted."""
         k = self.knobs.num_speculative_tokens
@@ -111,20 +98,6 @@ class Scheduler:
             k = min(k, self.max_model_len - seq.num_tokens - 1)
         return max(0, k)
 
-    def settle_blocks(self, seq: Sequence) -> None:
-        """Once a step's computed count of seq is final (and before seq can finish and free them): release
-        slots reserved for drafts that were not used, and cache the newly full blocks."""
-        self.trim_blocks(seq)
-        if self.enable_prefix_caching:  # checked here too: skips a call per sequence and step without it
-            self.cache_computed_blocks(seq)
-
-    def trim_blocks(self, seq: Sequence) -> None:
-        """Release blocks past the computed tokens (slots of rejected draft tokens)."""
-        keep = -(-seq.num_computed_tokens // self.block_size)
-        if len(seq.block_table) > keep:
-            self.block_pool.free(seq.block_table[keep:][::-1])
-            del seq.block_table[keep:]
-
     def _aligned(self, seq: Sequence, n: int) -> int:
         """Shorten a prefill chunk that does not finish the known tokens so it ends on a block boundary:
         every chunk then starts block-aligned, as a prefix-cache hit does, so warm and cold runs compute
@@ -134,26 +107,6 @@ class Scheduler:
         end = seq.num_computed_tokens + n
         aligned = end - end % self.block_size
         return aligned - seq.num_computed_tokens if aligned > seq.num_computed_tokens else n
-
-    def _hashes(self, seq: Sequence) -> list[bytes]:
-        """Hashes of every full block of seq's known tokens (extended as tokens arrive)."""
-        assert seq.cache_seed is not None
-        have = len(seq.block_hashes)
-        full = seq.num_tokens // self.block_size
-        if full > have:
-            parent = seq.block_hashes[-1] if have else seq.cache_seed
-            tokens = seq.token_ids(have * self.block_size, full * self.block_size)
-            seq.block_hashes.extend(chain_hashes(parent, tokens, self.block_size))
-        return seq.block_hashes
-
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks for the longest prefix of seq's tokens; at least one token is left to compute."""
-        if not self.enable_prefix_caching or seq.cache_seed is None or seq.num_computed_tokens:
-            return []
-        hits = self.block_pool.lookup(self._hashes(seq))
-        if len(hits) * self.block_size >= seq.num_tokens:
-            hits = hits[:-1]  # the last position's logits are needed: recompute its block
-        return hits
 
     def _shared_prompt(self, seq: Sequence) -> list[int] | None:
         """The full prompt blocks seq takes from the sibling it shares its prompt with (`prompt_source`): [] when
@@ -172,27 +125,8 @@ class Scheduler:
         seq.prompt_source = None
         return src.block_table[:full]
 
-    def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Register seq's newly completed blocks in the prefix index (after its step ran)."""
-        if not self.enable_prefix_caching or seq.cache_seed is None:
-            return
-        # Accepted draft tokens are computed before they join the sequence's tokens: a block is hashed,
-        # and so cached, once its tokens are known (at the next settle).
-        full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
-        if full > seq.num_cached_blocks:
-            hashes = self._hashes(seq)
-            for i in range(seq.num_cached_blocks, full):
-                self.block_pool.register(seq.block_table[i], hashes[i])
-            seq.num_cached_blocks = full
-
-    def _free_blocks(self, seq: Sequence) -> None:
-        # Last block first, so a sequence's prefix is the last of its content to be evicted.
-        self.block_pool.free(seq.block_table[::-1])
-        seq.block_table = []
-        seq.num_cached_blocks = 0
-
     def _preempt(self, seq: Sequence) -> None:
-        self._free_blocks(seq)
+        self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.running.remove(seq)
@@ -202,7 +136,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.knobs.max_num_batched_tokens
+        budget, kv = self.knobs.max_num_batched_tokens, self.kv
         scheduled: list[ScheduledSeq] = []
         taken: set[int] = set()
 
@@ -226,20 +160,20 @@ class Scheduler:
                 continue
             spec = min(self._spec_slots(seq), max(0, budget - 1))
             n = min(uncomputed + spec, budget)
-            fit = self._fits(seq, n)
+            fit = kv.fits(seq, n)
             while fit < n:
                 victims = [s for s in self.running if id(s) not in taken and s is not seq]
                 if not victims:
                     break
                 self._preempt(victims[-1])
-                fit = self._fits(seq, n)
+                fit = kv.fits(seq, n)
             if fit == 0:
                 self._preempt(seq)
                 continue
             spec = max(0, fit - uncomputed)
             if fit < uncomputed:  # a prefill chunk that stops short of the known tokens (spec is 0)
                 fit = self._aligned(seq, fit)
-            self.allocate(seq, fit)
+            kv.allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit, num_spec=spec))
             taken.add(id(seq))
             budget -= fit
@@ -250,28 +184,24 @@ class Scheduler:
             shared = self._shared_prompt(seq)
             if shared is None:
                 break  # its sibling is still computing the prompt they share: admit it after that
-            hits = shared or self._cached_prefix(seq)
-            revived = sum(1 for b in hits if self.block_pool.ref_counts[b] == 0)
+            hits = shared or kv.cached_prefix(seq)
             start = len(hits) * self.block_size
-            capacity = (len(hits) + self.block_pool.num_free - revived) * self.block_size - start
-            fit = max(0, min(seq.num_tokens - start, budget, capacity))
+            fit = max(0, min(seq.num_tokens - start, budget, kv.room_beyond(hits)))
             if fit == 0:
                 break  # admission never preempts: wait for blocks to free up
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             admitted.append(seq)
-            self.block_pool.touch(hits)
-            seq.block_table = list(hits)
+            kv.admit(seq, hits)
             seq.num_computed_tokens = start
-            seq.num_cached_blocks = len(hits)
             if shared:
                 self.prompt_tokens_shared += start
-            elif self.enable_prefix_caching and seq.cache_seed is not None:
+            elif kv.enable_prefix_caching and seq.cache_seed is not None:
                 self.prefix_cache_queries += seq.num_tokens
                 self.prefix_cache_hit_tokens += start
             fit = self._aligned(seq, fit)
-            self.allocate(seq, fit)
+            kv.allocate(seq, fit)
             scheduled.append(ScheduledSeq(seq, fit))
             taken.add(id(seq))
             budget -= fit
@@ -307,13 +237,32 @@ class Scheduler:
             return None
         if self.waiting and n < knobs.max_num_seqs and n < knobs.max_num_batched_tokens:
             return None
-        bs = self.block_size
+        bs, kv = self.block_size, self.kv
         full = [seq for seq in seqs if seq.num_computed_tokens == len(seq.block_table) * bs]
-        if len(full) > self.block_pool.num_free:
+        if len(full) > kv.num_free:
             return None
-        for seq, block in zip(full, self.block_pool.allocate(len(full)), strict=True):
-            seq.block_table.append(block)
+        for seq in full:
+            kv.allocate(seq, 1)
         return SchedulerOutput([ScheduledSeq(seq, 1, fed_from=rows[id(seq)]) for seq in seqs])
+
+    def update_from_output(self, out: SchedulerOutput) -> list[ScheduledSeq]:
+        """After `out` ran: its known tokens' KV is written, so count them computed and settle their blocks (a
+        sequence with drafts is settled by `accept_drafts` once they are verified). Returns the scheduled
+        sequences that sample a token, in order."""
+        sampling = []
+        settle = self.kv.settle
+        for s in out.scheduled:
+            if s.samples:  # read before the count moves
+                sampling.append(s)
+            s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_tokens)
+            if not s.draft_tokens:
+                settle(s.seq)
+        return sampling
+
+    def accept_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """After verification: the KV of the accepted drafts is kept, the slots of the rejected ones released."""
+        seq.num_computed_tokens += num_accepted
+        self.kv.settle(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Mark seq finished (running or still waiting) and return its blocks to the pool."""
@@ -323,4 +272,4 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self._free_blocks(seq)
+        self.kv.free(seq)

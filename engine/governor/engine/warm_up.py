@@ -5,7 +5,7 @@ Triton compiles a kernel once per specialization: besides its constexprs, each i
 1, a multiple of 16, or neither. Decode steps are compiled by the graph capture; the steps here give the eager
 ones -- prefill chunks alone and after decodes, one and several sequences -- token and sequence counts of each
 kind, then a ladder of sizes up to the token budget (`ladder_steps`), then steps at the budget (`budget_steps`).
-Their blocks come from the pool and go back to it unhashed (what they write there is never read); no counter
+Their blocks are lent by the KV manager and go back to it unhashed (what they write there is never read); no counter
 moves. A step that does not fit the hard caps, max_model_len or the free blocks is left out."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 import torch
 
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.sampling_params import SamplingParams
-from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.sequence import Sequence
 
 log = logging.getLogger("governor.engine")
@@ -71,32 +72,28 @@ def budget_steps(tokens_cap: int, seqs_cap: int, max_model_len: int) -> list[War
     return steps
 
 
-def warm_up_kernels(execute: Callable[[SchedulerOutput], object], scheduler: Scheduler, seqs_cap: int,
+def warm_up_kernels(execute: Callable[[SchedulerOutput], object], kv: KVManager, seqs_cap: int,
                     tokens_cap: int, max_model_len: int, device: torch.device) -> None:
-    """Run each step of `warm_up_steps` that fits through `execute` (the engine's step), with blocks allocated by
-    `scheduler` and freed back to its pool."""
+    """Run each step of `warm_up_steps` that fits through `execute` (the engine's step), with blocks lent by `kv`."""
     t0 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=1)
-    pool, block_size = scheduler.block_pool, scheduler.block_size
     for num_decodes, prefills in warm_up_steps(tokens_cap, seqs_cap, max_model_len):
-        scheduled = []
-        for _ in range(num_decodes):
-            seq = Sequence("warm-up", -1, [1] * 5, params, 1, output_token_ids=[1])
-            seq.num_computed_tokens = 5
-            scheduled.append(ScheduledSeq(seq, 1))
+        # A decode: a 6-token sequence whose first 5 tokens are computed (made so, never stepped there).
+        scheduled = [ScheduledSeq(Sequence("warm-up", -1, [1] * 5, params, 1, output_token_ids=[1],
+                                           num_computed_tokens=5), 1) for _ in range(num_decodes)]
         scheduled += [ScheduledSeq(Sequence("warm-up", -1, [1] * n, params, 1), n) for n in prefills]
-        blocks = sum(-(-s.seq.num_tokens // block_size) for s in scheduled)
+        blocks = sum(kv.blocks_for(s.seq.num_tokens) for s in scheduled)
         longest = max(s.seq.num_tokens for s in scheduled)
         if (len(scheduled) > seqs_cap or num_decodes + sum(prefills) > tokens_cap
-                or longest > max_model_len or blocks > pool.num_free):
+                or longest > max_model_len or blocks > kv.num_free):
             continue
         try:
             for s in scheduled:
-                scheduler.allocate(s.seq, s.num_new_tokens)
+                kv.allocate(s.seq, s.num_new_tokens)
             execute(SchedulerOutput(scheduled))
         finally:
             for s in scheduled:
-                pool.free(s.seq.block_table[::-1])
+                kv.free(s.seq)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     log.info("kernels of prefill and mixed steps compiled in %.1f s", time.perf_counter() - t0)

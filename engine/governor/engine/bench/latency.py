@@ -175,7 +175,7 @@ def bench_latency(model: str, engine_args: dict[str, Any], context: int, batches
             "tensor_parallel_size": eng.config.tensor_parallel_size, "kv_blocks_total": eng.num_blocks,
             "settings": eng.config.non_default_settings(), "cuda_graphs": graphs is not None,
             "cuda_graph_captures": graphs.num_captures if graphs is not None else 0,
-            "cuda_graph_capture_s": eng.cuda_graph_capture_s, "requests": opts.describe()}
+            "cuda_graph_capture_s": eng.executor.cuda_graph_capture_s, "requests": opts.describe()}
         if gb_per_s is not None and eng.device.type == "cuda":
             weight_bytes = decode_weight_bytes(eng)
             info.update(hbm_copy_gb_per_s=gb_per_s, decode_weight_bytes=weight_bytes)

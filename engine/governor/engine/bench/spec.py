@@ -73,6 +73,8 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
     for name, spec in variants.items():
         llm = LLM(model, **{**engine_args, "speculative_config": {**spec, "num_speculative_tokens": k_cap}})
         eng = llm.engine
+        speculation = eng.spec
+        assert speculation is not None, "every variant speculates"
         for k in sorted(set([0, *ks])):  # warm-up: kernels for every shape the sweep will use
             eng.update_knobs(num_speculative_tokens=k)
             _generation_rate(llm, 2, input_len, 4, seed=0)
@@ -80,13 +82,13 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
             base = None
             for k in sorted(set([0, *ks])):
                 eng.update_knobs(num_speculative_tokens=k)
-                before = dict(eng.spec_counters)
-                first_before = eng.spec_accepted_by_position[0] if eng.spec_accepted_by_position else 0
+                before = dict(speculation.counters)
+                first_before = speculation.accepted_by_position[0] if speculation.accepted_by_position else 0
                 rate = _generation_rate(llm, batch, input_len, output_len, seed=batch)
-                proposed = eng.spec_counters["spec_proposed_tokens"] - before["spec_proposed_tokens"]
-                accepted = eng.spec_counters["spec_accepted_tokens"] - before["spec_accepted_tokens"]
-                steps = eng.spec_counters["spec_verification_steps"] - before["spec_verification_steps"]
-                first = (eng.spec_accepted_by_position[0] if eng.spec_accepted_by_position else 0) - first_before
+                proposed = speculation.counters["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+                accepted = speculation.counters["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+                steps = speculation.counters["spec_verification_steps"] - before["spec_verification_steps"]
+                first = (speculation.accepted_by_position[0] if speculation.accepted_by_position else 0) - first_before
                 # alpha: probability a draft is accepted, estimated at the first position (every
                 # verification step has one); accepted/proposed is lower since a rejection ends a step.
                 alpha = first / steps if steps else 0.0

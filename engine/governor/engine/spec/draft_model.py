@@ -3,7 +3,9 @@
 The draft's cache is kept in step with the target's tokens: before proposing, each sequence's draft
 catches up on the tokens it has not seen (its whole prompt the first time, then the tokens accepted
 in the last step), then proposes k tokens autoregressively. After verification the draft keeps only
-the KV of tokens the target accepted.
+the KV of tokens the target accepted. The draft's copies of the sequences are its own: this proposer alone
+moves their computed counts (the target's are the scheduler's), and their blocks come from a KV manager of
+its own over the draft's cache.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from governor.engine.attention import PagedAttention
-from governor.engine.kv.block_pool import BlockPool
 from governor.engine.kv.cache import allocate_kv_cache
+from governor.engine.kv.kv_manager import KVManager
 from governor.engine.models.checkpoint import iter_weights
 from governor.engine.models.llama import CausalLM
 from governor.engine.models.model_config import ModelConfig, load_model_config
@@ -41,11 +43,10 @@ class DraftModelProposer:
         if self.config.vocab_size != target.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({self.config.vocab_size}) differs from the target's "
                              f"({target.vocab_size}); a draft must share the target's tokenizer")
-        self.block_size = block_size
         self.model = CausalLM(self.config, dtype, device, max_model_len,
                               PagedAttention(attention_backend, self.config.head_dim ** -0.5))
         self.model.load_weights(iter_weights(model_dir))
-        self.pool = BlockPool(num_blocks)
+        self.kv = KVManager(num_blocks, block_size)
         self.kv_caches = allocate_kv_cache(self.config, num_blocks, block_size, dtype, device)
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, max_num_tokens, max_num_seqs,
                                   max_model_len, device)
@@ -59,14 +60,6 @@ class DraftModelProposer:
         st.view.output_token_ids = list(seq.output_token_ids)
         return st
 
-    def _reserve(self, st: _DraftState, upto: int) -> bool:
-        need = -(-upto // self.block_size) - len(st.view.block_table)
-        if need > self.pool.num_free:
-            return False
-        if need > 0:
-            st.view.block_table.extend(self.pool.allocate(need))
-        return True
-
     def propose(self, scheduled: list[ScheduledSeq]) -> list[tuple[list[int], torch.Tensor | None]]:
         """Drafts (and, for sampled requests, their distributions [k, V]) for each scheduled decode.
 
@@ -79,7 +72,7 @@ class DraftModelProposer:
         for i, s in enumerate(scheduled):
             st = self._state(s.seq)
             # The draft needs KV for every known token plus k - 1 drafts; without room it proposes nothing.
-            if s.num_spec == 0 or budget == 0 or not self._reserve(st, s.seq.num_tokens + s.num_spec - 1):
+            if s.num_spec == 0 or budget == 0 or not self.kv.reserve(st.view, s.seq.num_tokens + s.num_spec - 1):
                 continue
             st.view.num_computed_tokens = st.known
             n = min(st.view.num_tokens - st.known, budget)
@@ -129,13 +122,10 @@ class DraftModelProposer:
             return
         # st.known counted the pre-step tokens; the draft also wrote drafts 1..num_drafts-1.
         st.known = st.known + min(num_accepted, max(num_drafts - 1, 0))
-        keep = -(-st.known // self.block_size)
-        if len(st.view.block_table) > keep:
-            self.pool.free(st.view.block_table[keep:][::-1])
-            del st.view.block_table[keep:]
+        self.kv.trim(st.view, st.known)
 
     def release(self, seq: Sequence) -> None:
         """The sequence finished or was preempted: drop its draft KV."""
         st = self.states.pop(seq.request_id, None)
         if st is not None:
-            self.pool.free(st.view.block_table[::-1])
+            self.kv.free(st.view)

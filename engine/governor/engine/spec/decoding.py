@@ -1,0 +1,129 @@
+"""Speculative decoding on the engine's side, in the order a step runs it: propose drafts into the slots the
+scheduler reserved (`Scheduler._spec_slots`), verify them against the target's logits (`spec.verifier`), settle
+the accepted drafts' KV and the proposer's state, count.
+
+A request whose logits are processed before sampling (`logits_processing`: penalties, logit bias, min_tokens,
+a grammar) gets no drafts: verifying them would need its processing at every draft position, as if the drafts
+before it were already output (penalty counts, min_tokens, a grammar advanced through them and back). It samples
+one token a step, as without speculation; its reserved slots go unused."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from governor.engine.config import EngineConfig
+from governor.engine.models.model_config import ModelConfig
+from governor.engine.sampler import sample, token_logprobs
+from governor.engine.scheduler import ScheduledSeq, Scheduler
+from governor.engine.sequence import Sequence
+from governor.engine.spec.draft_model import DraftModelProposer
+from governor.engine.spec.proposer import NgramProposer, Proposer
+from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
+
+Verified = list[tuple[list[int], list[dict[int, float] | None]]]  # per sampling sequence: (tokens, logprobs)
+_COUNTERS = ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verification_steps")
+
+
+class SpeculativeDecoding:
+    """The proposer, the verification of each step that carries drafts, and the acceptance counters."""
+
+    def __init__(self, proposer: Proposer, scheduler: Scheduler, spec_cap: int) -> None:
+        self.proposer = proposer
+        self.scheduler = scheduler
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self.accepted_by_position = [0] * spec_cap
+
+    def propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
+        """Fill each speculative decode's draft slots; the draft distributions by id(seq) (draft model, sampled
+        requests only)."""
+        probs: dict[int, torch.Tensor] = {}
+        spec = []
+        for s in scheduled:
+            if s.num_spec > 0:
+                if s.seq.logits_processor is None:
+                    spec.append(s)
+                else:
+                    s.set_drafts([])  # a request with logits processing gets no drafts (see the module)
+        if not spec:
+            return probs
+        for s, (drafts, q) in zip(spec, self.proposer.propose(spec), strict=True):
+            s.set_drafts(drafts)
+            if q is not None:
+                probs[id(s.seq)] = q[:len(drafts)]
+        return probs
+
+    def verify(self, sampling: list[ScheduledSeq], logits: torch.Tensor, draft_probs: dict[int, torch.Tensor],
+               generator: torch.Generator) -> Verified:
+        """(tokens, logprobs) of each sampling sequence of a step with drafts: one sampled token for a sequence
+        without drafts, its accepted drafts + one for a sequence with them (`spec.verifier`: exact for greedy,
+        rejection sampling otherwise). Sequence i's logits rows are its last known token's and its drafts', in
+        order; `generator` samples for requests without a seed of their own."""
+        rows = list(itertools.accumulate((1 + len(s.draft_tokens) for s in sampling), initial=0))
+        plain = [i for i, s in enumerate(sampling) if not s.draft_tokens]
+        out: Verified = [([], []) for _ in sampling]
+        if plain:
+            seqs = [sampling[i].seq for i in plain]
+            sampled = sample(logits[[rows[i] for i in plain]], [q.params for q in seqs], [q.generator for q in seqs],
+                             generator, [q.logits_processor for q in seqs])
+            for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
+                out[i] = ([tok], [lp])
+        for i, s in enumerate(sampling):
+            if not s.draft_tokens:
+                continue
+            seq, block = s.seq, logits[rows[i]:rows[i + 1]]
+            assert seq.logits_processor is None, "a request with logits processing is given no drafts"
+            if seq.params.greedy:
+                tokens = accept_greedy(block.argmax(dim=1).tolist(), s.draft_tokens)
+            else:
+                p = target_distributions(block, [seq.params] * block.shape[0])
+                tokens = accept_sampled(p, s.draft_tokens, draft_probs.get(id(seq)), seq.generator)
+            lps = token_logprobs(block[:len(tokens)], tokens, [seq.params.logprobs] * len(tokens))
+            out[i] = (tokens, lps)
+        return out
+
+    def settle(self, s: ScheduledSeq, num_accepted: int) -> None:
+        """Keep the KV of accepted drafts, release the slots of rejected ones (target and draft), and count."""
+        k = len(s.draft_tokens)
+        self.scheduler.accept_drafts(s.seq, num_accepted)
+        self.proposer.accepted(s.seq, k, num_accepted)
+        self.counters["spec_proposed_tokens"] += k
+        self.counters["spec_accepted_tokens"] += num_accepted
+        self.counters["spec_verification_steps"] += 1
+        for j in range(num_accepted):
+            self.accepted_by_position[j] += 1
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence ended: drop the proposer's state of it."""
+        self.proposer.release(seq)
+
+    def stats(self) -> dict[str, object]:
+        return _stats(self.counters, self.accepted_by_position)
+
+    @staticmethod
+    def idle_stats() -> dict[str, object]:
+        """`stats()` of an engine that does not speculate."""
+        return _stats(dict.fromkeys(_COUNTERS, 0), [])
+
+
+def _stats(counters: dict[str, int], accepted_by_position: list[int]) -> dict[str, object]:
+    steps = counters["spec_verification_steps"]
+    return {**counters, "spec_acceptance_by_position": list(accepted_by_position),
+            "spec_mean_accepted_length": counters["spec_accepted_tokens"] / steps if steps else 0.0}
+
+
+def make_proposer(config: EngineConfig, target: ModelConfig, dtype: torch.dtype, device: torch.device,
+                  num_blocks: int, block_size: int, max_model_len: int, attention_backend: str) -> Proposer | None:
+    """The proposer `config.speculative_config` asks for; None without speculation."""
+    spec = config.speculative_config
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        return NgramProposer(spec)
+    assert spec.model is not None
+    # The draft's cache has a block for every target block plus room for each sequence's lookahead.
+    # Under tensor parallelism the draft runs whole on rank 0 (it is small; workers never see it).
+    extra = config.seqs_cap * (-(-spec.num_speculative_tokens // block_size) + 1)
+    return DraftModelProposer(spec.model, target, dtype, device, num_blocks + extra, block_size, max_model_len,
+                              config.seqs_cap, config.tokens_cap, attention_backend)
