@@ -6,7 +6,7 @@
 Queues `batch` requests of `prompt-len` random tokens (greedy, `new-tokens` each, EOS ignored) after a
 warm-up, steps until every request decodes, then times each decode step. The engine carries no timing
 code: this script wraps its methods (scheduler.schedule and schedule_continuation, runner.stage,
-engine._execute, engine._sample, engine._complete, engine._launched) on the instance and prints the median
+engine.executor.execute, engine._sample, engine._complete, engine._launched) on the instance and prints the median
 milliseconds per step() call of each phase as JSON:
 
 - schedule: Scheduler.schedule, or Scheduler.schedule_continuation (async scheduling)
@@ -124,11 +124,11 @@ def main() -> None:
 
     timer = PhaseTimer()
     sched, runner = eng.scheduler, eng.runner
-    inner_execute = eng._execute
+    inner_execute = eng.executor.execute
     sched.schedule = timer.wrap("schedule", sched.schedule)  # type: ignore[method-assign]
     sched.schedule_continuation = timer.wrap("schedule", sched.schedule_continuation)  # type: ignore[method-assign]
     runner.stage = timer.wrap("stage", runner.stage)  # type: ignore[method-assign]
-    eng._execute = timer.wrap("execute", inner_execute)  # type: ignore[method-assign]
+    eng.executor.execute = timer.wrap("execute", inner_execute)  # type: ignore[method-assign]
 
     # CUDA: an event when the step's GPU work starts (its first upload, after staging) and one when its
     # sampling is done; the gap from one step's end to the next one's start is GPU idle time.
