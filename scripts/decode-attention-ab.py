@@ -8,10 +8,9 @@ group as the variant "baseline", with its own defaults: a copy of the package di
 kernels/governor/kernels/paged_attention | tar -x -C DIR`, then DIR/kernels/governor/kernels/paged_attention), or
 the single file `paged_attention.py` of a revision from before the package.
 
-Each variant sets module attributes of the package's submodules, named `module.attribute` (register cap, warps, tile,
-split heuristic, or a function such as `decode._needs_int64_offsets`): each on the submodule that reads it at call
-time. They are set before the calls and the defaults are restored after; a variant that sets nothing is the code as
-it is.
+Each variant is a launch policy: the device's (`governor.kernels.launch_policy.policy_for`) with the fields it names
+replaced (register cap, warps, tile, split heuristic, merge), passed to every call; a variant that sets nothing is the
+code as it is.
 Cases: the attention target (batch 32, 4K and 32K, 32:8 heads), the throughput workload's shape (batch 256, 612 and
 1,024 tokens, 16:8 heads), unsplit launches of fewer programs (batch 48 and 64 at 4K, 32:8; 128 at 1,024, 160 and 192
 at 612, 16:8) and a few other split counts (batch 1 at 32K, 8 at 4K, 16 at 8K, 32:8 heads), head_dim 128,
@@ -23,8 +22,8 @@ variant's output is compared with the group's first variant on the same inputs (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
-import importlib
 import importlib.util
 import json
 import math
@@ -40,26 +39,27 @@ import governor.kernels.paged_attention as pa
 from governor.engine.bench.attention import AttentionCase, _inputs, kernel_times, kv_bytes, time_call
 from governor.engine.bench.latency import hbm_bandwidth_gb_per_s
 from governor.engine.bench.throughput import hardware
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 # How split launches merge their partials ("cur": folded into the decode kernel up to 8 splits, else the reduce kernel
 # under programmatic dependent launch).
 MERGES: dict[str, dict[str, Any]] = {
-    "reduce": {"decode._DECODE_FOLD_MAX_SPLITS": 0, "decode._DECODE_REDUCE_PDL": False},  # the merge before the fold
-    "reduce-pdl": {"decode._DECODE_FOLD_MAX_SPLITS": 0},
-    "fold-all": {"decode._DECODE_FOLD_MAX_SPLITS": 64},
+    "reduce": {"decode_fold_max_splits": 0, "decode_reduce_pdl": False},  # the merge before the fold
+    "reduce-pdl": {"decode_fold_max_splits": 0},
+    "fold-all": {"decode_fold_max_splits": 64},
 }
 GROUPS: dict[str, dict[str, dict[str, Any]]] = {
     "fp8": {
         "cur": {},
-        "triton-kernel": {"gluon_decode._GLUON_DECODE": False},  # the Triton kernel where the Gluon one runs
-        "gluon-narrow32": {"gluon_decode._GLUON_DECODE_TILE_N_NARROW": 32},
-        "gluon-wide32": {"gluon_decode._GLUON_DECODE_TILE_N_WIDE": 32},
-        "gluon-wide64": {"gluon_decode._GLUON_DECODE_TILE_N_WIDE": 64},
-        "gluon-s2": {"gluon_decode._GLUON_DECODE_STAGES": 2},
-        "gluon-wide-cap168": {"gluon_decode._GLUON_DECODE_MAXNREG_WIDE": 168},  # the 16-key launches under a cap
-        "gluon-s4": {"gluon_decode._GLUON_DECODE_STAGES": 4},
-        "wide-always": {"decode._DECODE_WIDE_MIN_WAVE_FILL": 0.0},  # unsplit launches of any size
-        "wide-never": {"decode._DECODE_WIDE_MIN_WAVE_FILL": 2.0},
+        "triton-kernel": {"gluon_decode": False},  # the Triton kernel where the Gluon one runs
+        "gluon-narrow32": {"gluon_tile_n_narrow": 32},
+        "gluon-wide32": {"gluon_tile_n_wide": 32},
+        "gluon-wide64": {"gluon_tile_n_wide": 64},
+        "gluon-s2": {"gluon_stages": 2},
+        "gluon-wide-cap168": {"gluon_maxnreg_wide": 168},  # the 16-key launches under a cap
+        "gluon-s4": {"gluon_stages": 4},
+        "wide-always": {"decode_wide_min_wave_fill": 0.0},  # unsplit launches of any size
+        "wide-never": {"decode_wide_min_wave_fill": 2.0},
         **MERGES,
     },
     "bf16": {
@@ -70,15 +70,6 @@ GROUPS: dict[str, dict[str, dict[str, Any]]] = {
 SHAPES = [(32, 4096, 32, 8), (32, 32768, 32, 8), (256, 612, 16, 8), (256, 1024, 16, 8), (48, 4096, 32, 8),
           (64, 4096, 32, 8), (128, 1024, 16, 8), (160, 612, 16, 8), (192, 612, 16, 8), (1, 32768, 32, 8),
           (8, 4096, 32, 8), (16, 8192, 32, 8)]
-
-
-def setting_module(setting: str) -> ModuleType:
-    """The submodule of governor.kernels.paged_attention a setting `module.attribute` lives on."""
-    return importlib.import_module(f"{pa.__name__}.{setting.split('.')[0]}")
-
-
-def _set(setting: str, value: Any) -> None:
-    setattr(setting_module(setting), setting.split(".", 1)[1], value)
 
 
 def _load_baseline(path: str) -> ModuleType:
@@ -97,9 +88,13 @@ def _load_baseline(path: str) -> ModuleType:
     return module
 
 
-def _splits(mod: Any, programs: int, context: int, device: torch.device, fp8: bool) -> int:
-    """The split count `mod` runs (a baseline older than the per-dtype heuristic takes no `fp8`)."""
+def _splits(mod: Any, programs: int, context: int, device: torch.device, fp8: bool,
+            policy: LaunchPolicy | None) -> int:
+    """The split count `mod` runs under `policy` (None: a baseline, which takes none; one older than the per-dtype
+    heuristic takes no `fp8` either)."""
     bound = -(-context // 16) * 16  # the block-table capacity the kernel sizes splits from (16-token blocks)
+    if policy is not None:
+        return int(mod.decode_num_splits(programs, bound, device, fp8=fp8, policy=policy))
     try:
         return int(mod.decode_num_splits(programs, bound, device, fp8=fp8))
     except TypeError:
@@ -122,11 +117,10 @@ def main() -> None:
     baseline = _load_baseline(args.baseline) if args.baseline else None
     device = torch.device("cuda")
     hbm = hbm_bandwidth_gb_per_s()
-    defaults = {name: getattr(setting_module(name), name.split(".", 1)[1])
-                for group in GROUPS.values() for v in group.values() for name in v}
+    base = policy_for(device)
     rows: list[dict[str, Any]] = []
     result = {"hardware": hardware(), "hbm_copy_gb_per_s": hbm, "rows": rows,
-              "defaults": {k: repr(v) for k, v in defaults.items()},
+              "defaults": {f.name: repr(getattr(base, f.name)) for f in dataclasses.fields(base)},
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     for group in args.groups.split(","):
         variants = {k: v for k, v in GROUPS[group].items() if not args.variants or k in args.variants.split(",")}
@@ -140,19 +134,20 @@ def main() -> None:
             for rnd in range(args.rounds):
                 runs: dict[str, dict[str, Any] | None] = {"baseline": None} if baseline else {}
                 for name, settings in {**runs, **variants}.items():
-                    for setting, value in {**defaults, **(settings or {})}.items():
-                        _set(setting, value)
-                    mod = pa if settings is not None or baseline is None else baseline
+                    # The baseline runs its own defaults; every variant the device's policy with its fields replaced.
+                    policy = None if settings is None else dataclasses.replace(base, **settings)
+                    mod = pa if policy is not None or baseline is None else baseline
                     out = torch.empty_like(x["q"])
                     call = functools.partial(
                         mod.paged_decode_attention, x["q"], x["k_cache"], x["v_cache"], x["block_tables"],
-                        x["seq_lens"], scale, out, k_scale=x["k_scale"], v_scale=x["v_scale"])
+                        x["seq_lens"], scale, out, k_scale=x["k_scale"], v_scale=x["v_scale"],
+                        **({} if policy is None else {"policy": policy}))
                     times = sorted(time_call(call, device, 5, args.iters))
                     ms = times[len(times) // 2]
                     first = out if first is None else first
                     gbs = kv_bytes(case) / (ms * 1e-3) / 1e9
                     row = {"kv": group, "case": f"b{batch} ctx{context} {hq}:{hkv}", "variant": name, "round": rnd,
-                           "splits": _splits(mod, batch * hkv, context, device, group == "fp8"),
+                           "splits": _splits(mod, batch * hkv, context, device, group == "fp8", policy),
                            "us_p50": 1e3 * ms, "us_min": 1e3 * times[0], "us_max": 1e3 * times[-1],
                            "kv_gb_per_s": gbs, "fraction_of_hbm": gbs / hbm,
                            "max_abs_diff_vs_first": float((out.float() - first.float()).abs().max())}
@@ -168,8 +163,6 @@ def main() -> None:
                         json.dump(result, f, indent=2)
             x.clear()
             torch.cuda.empty_cache()
-    for setting, value in defaults.items():
-        _set(setting, value)
 
 
 if __name__ == "__main__":

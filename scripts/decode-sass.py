@@ -6,9 +6,10 @@ instruction mix of its main loop.
                                    [--split/--no-split] [--merge fold|reduce|pdl]
                                    [--splits N] [--top 25]
 
-Tile, warps, stages and register cap default to what `paged_decode_attention` launches with for the dtype and split
-or not (`decode._decode_tile`, `decode._decode_launch_options`; `--no-split` takes the settings of wide launches, the
-unsplit ones with enough programs). Compiles `decode._decode_kernel` (with `--gluon`,
+Tile, warps, stages and register cap default to what `paged_decode_attention` launches with on sm_90 for the dtype and
+split or not (its launch policy, `launch_policy.policy_for_arch("sm_90")`, through `decode._decode_tile` and
+`decode._decode_launch_options`; `--no-split` takes the settings of wide launches, the unsplit ones with enough
+programs). Compiles `decode._decode_kernel` (with `--gluon`,
 `gluon_decode._gluon_decode_kernel`) of governor.kernels.paged_attention with Triton for sm_90a (the pointer and
 stride arguments marked 16-divisible, as Triton's launcher specializes them at run time), runs the ptxas and nvdisasm
 that ship with Triton, and prints the registers, spill bytes and shared memory of the compiled kernel and a histogram
@@ -29,9 +30,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from governor.kernels.launch_policy import policy_for_arch
 from governor.kernels.paged_attention import decode, gluon_decode, tiles
 
 _NOT_DIVISIBLE = {"qk_scale", "num_splits"}
+POLICY = policy_for_arch("sm_90")  # the settings the kernels launch with on the architecture compiled for
 
 
 def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
@@ -47,7 +50,7 @@ def compile_decode(args: argparse.Namespace) -> triton.compiler.CompiledKernel:
         sig.setdefault(name, "i32")
     group_pad = max(tiles._MIN_DOT, triton.next_power_of_2(args.group))
     constants = {"GROUP": args.group, "GROUP_PAD": group_pad, "BLOCK_SIZE": args.block_size, "TILE_N": args.tile,
-                 "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": tiles._TILE_N, "KV_FP8": fp8,
+                 "HEAD_DIM": args.head_dim, "SPLIT": args.split, "TILE_ALIGN": POLICY.tile_n, "KV_FP8": fp8,
                  "FP16_PRODUCTS": fp8, "DOT_PRECISION": "tf32", "INTERPRET": False, "OFFSETS_64": args.offsets_64,
                  "SPLITS_PAD": triton.next_power_of_2(args.splits), "FOLD": args.merge == "fold",
                  "PDL": args.merge == "pdl"}
@@ -77,7 +80,7 @@ def compile_gluon_decode(args: argparse.Namespace) -> triton.compiler.CompiledKe
     mma, a_op, b_op, k_load, v_load = gluon_decode._gluon_decode_layouts(args.tile, args.head_dim)
     constants = {"GROUP": args.group, "GROUP_PAD": triton.next_power_of_2(args.group), "BLOCK_SIZE": args.block_size,
                  "TILE_N": args.tile, "HEAD_DIM": args.head_dim, "STAGES": args.num_stages, "SPLIT": args.split,
-                 "TILE_ALIGN": tiles._TILE_N, "Q_BF16": True, "OFFSETS_64": args.offsets_64,
+                 "TILE_ALIGN": POLICY.tile_n, "Q_BF16": True, "OFFSETS_64": args.offsets_64,
                  "FOLD": args.split and args.merge == "fold", "PDL": args.split and args.merge == "pdl",
                  "MMA": mma, "A": a_op, "B": b_op, "KL": k_load, "VL": v_load}
     for name in constants:
@@ -155,19 +158,19 @@ def main() -> None:
     args = ap.parse_args()
     if args.gluon:
         args.kv_dtype = "fp8"
-        args.tile = args.tile or gluon_decode._GLUON_DECODE_TILE_N_NARROW
-        args.num_stages = args.num_stages or gluon_decode._GLUON_DECODE_STAGES
+        args.tile = args.tile or POLICY.gluon_tile_n_narrow
+        args.num_stages = args.num_stages or POLICY.gluon_stages
         args.num_warps = 1
         if args.maxnreg is None:  # as launched: the cap applies to the wide launches' tile
-            wide = args.tile == gluon_decode._GLUON_DECODE_TILE_N_WIDE
-            args.maxnreg = gluon_decode._GLUON_DECODE_MAXNREG_WIDE if wide else None
+            wide = args.tile == POLICY.gluon_tile_n_wide
+            args.maxnreg = POLICY.gluon_maxnreg_wide if wide else None
         args.maxnreg = args.maxnreg or None
         kernel = compile_gluon_decode(args)
         _report(args, kernel)
         return
     if args.tile is None:
-        args.tile = decode._decode_tile(args.kv_dtype == "fp8", not args.split)
-    launch = decode._decode_launch_options(args.kv_dtype == "fp8", not args.split)
+        args.tile = decode._decode_tile(POLICY, args.kv_dtype == "fp8", not args.split)
+    launch = decode._decode_launch_options(POLICY, args.kv_dtype == "fp8", not args.split)
     args.num_warps = args.num_warps or launch["num_warps"]
     args.num_stages = args.num_stages or launch.get("num_stages", 3)
     args.maxnreg = launch.get("maxnreg") if args.maxnreg is None else args.maxnreg or None

@@ -1,4 +1,5 @@
-"""Sweep `governor.kernels.gemv` launch configurations against cuBLAS on the llama3-8b decode matmuls.
+"""Sweep `governor.kernels.gemv` launch configurations (`LaunchPolicy.gemv`, each run as the device's launch policy with
+that configuration) against cuBLAS on the llama3-8b decode matmuls.
 
     python scripts/gemv-sweep.py [--shapes qkv,down,...] [--output-json FILE] [--deadline-s 300]
 
@@ -13,6 +14,7 @@ shape, and the per-layer sums of cuBLAS, of each shape's best and of the configu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import time
@@ -23,7 +25,8 @@ import torch.nn.functional as F
 
 from governor.engine.bench.latency import graph_us_per_call, hbm_bandwidth_gb_per_s
 from governor.kernels.elementwise import silu_mul
-from governor.kernels.gemv import GemvConfig, gemv
+from governor.kernels.gemv import gemv
+from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 
 # (N, K), in the order swept: the shapes cuBLAS serves worst first, in case the deadline cuts the sweep.
 SHAPES = {"qkv": (6144, 4096), "down": (4096, 14336), "o": (4096, 4096), "gate_up": (28672, 4096),
@@ -71,8 +74,10 @@ def sweep_shape(name: str, copy: float, stop_at: float) -> list[dict]:
             print("deadline reached: sweep cut short", flush=True)
             break
 
-        def mine(i: int, cfg: GemvConfig = cfg) -> torch.Tensor:
-            return gemv(x, ws[i], silu_mul=silu, config=cfg)
+        policy = dataclasses.replace(policy_for(x.device), gemv=cfg)
+
+        def mine(i: int, policy: LaunchPolicy = policy) -> torch.Tensor:
+            return gemv(x, ws[i], silu_mul=silu, policy=policy)
 
         try:
             err = (mine(0).float() - ref.float()).abs().max().item()

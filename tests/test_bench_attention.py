@@ -7,6 +7,7 @@ options run (batch limit, batch warm-up, progress log) and say when a figure is 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import time
@@ -19,6 +20,7 @@ from governor.cli import main as governor_main
 from governor.engine.bench import attention as ba
 from governor.engine.bench.throughput import HFOptions, Workload, run_hf
 from governor.kernels.elementwise import INTERPRET
+from governor.kernels.launch_policy import LaunchPolicy
 
 needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET),
                                   reason="no CUDA and TRITON_INTERPRET is not 1")
@@ -154,12 +156,13 @@ def test_gpu_attention_rows_report_the_kernels_alone_beside_the_events() -> None
 
 
 def test_the_attention_ab_scripts_variants_set_settings_the_kernel_module_has() -> None:
-    # scripts/decode-attention-ab.py reads each setting's default before timing; a renamed one would fail on the GPU.
+    # scripts/decode-attention-ab.py replaces each variant's fields of the launch policy; a renamed one would fail on
+    # the GPU.
     spec = importlib.util.spec_from_file_location("decode_attention_ab", Path(__file__).parents[1] / "scripts" /
                                                   "decode-attention-ab.py")
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     names = {name for group in script.GROUPS.values() for v in group.values() for name in v}
-    # Each `module.attribute` names the submodule that owns the setting (and reads it at call time).
-    assert names and all(hasattr(script.setting_module(name), name.split(".", 1)[1]) for name in names), names
+    # Each name is a field of LaunchPolicy, the launch settings the kernels read.
+    assert names and names <= {f.name for f in dataclasses.fields(LaunchPolicy)}, names

@@ -5,15 +5,25 @@ Without CUDA the kernel runs under Triton's interpreter (tests/conftest.py sets 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
-from governor.kernels.gemv import DEFAULT_CONFIG, GemvConfig, gemv, gemv_ref, gemv_usable
+from governor.kernels.gemv import gemv, gemv_ref, gemv_usable
+from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from tests.conftest import DEVICE, TINY, needs_triton, seeded_randn
 from tests.test_engine_parity import hf_greedy, mixed_prompts
+
+POLICY = policy_for(DEVICE)  # what gemv launches with when given no policy
+
+
+def _tiles(block_n: int, block_k: int, num_warps: int) -> LaunchPolicy:
+    """The device's policy with another gemv launch shape."""
+    return dataclasses.replace(POLICY, gemv=GemvConfig(block_n=block_n, block_k=block_k, num_warps=num_warps))
 
 
 def _assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -38,7 +48,7 @@ def test_gemv_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with
     x = seeded_randn(1, 2 * k if silu_mul else k, dtype=dtype, seed=0, scale=2.0)
     w = seeded_randn(n, k, dtype=dtype, seed=1, scale=0.1)
     bias = seeded_randn(n, dtype=dtype, seed=2) if with_bias else None
-    got = gemv(x, w, bias, silu_mul, config=GemvConfig(block_n=16, block_k=64, num_warps=4))
+    got = gemv(x, w, bias, silu_mul, policy=_tiles(block_n=16, block_k=64, num_warps=4))
     _assert_sum_order_close(got, x, w, bias, silu_mul)
     torch.testing.assert_close(got.float(), gemv_ref(x, w, bias, silu_mul).float(),
                                **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {}))
@@ -51,7 +61,7 @@ def test_silu_mul_prologue_rounds_where_the_silu_mul_kernel_rounds() -> None:
     k = 96
     gate_up = seeded_randn(1, 2 * k, dtype=torch.bfloat16, seed=3, scale=4.0)
     eye = torch.eye(k, dtype=torch.bfloat16, device=DEVICE)
-    got = gemv(gate_up, eye, silu_mul=True, config=GemvConfig(block_n=8, block_k=32, num_warps=4))
+    got = gemv(gate_up, eye, silu_mul=True, policy=_tiles(block_n=8, block_k=32, num_warps=4))
     assert torch.equal(got, ew.silu_mul(gate_up))
 
 
@@ -59,7 +69,8 @@ def test_silu_mul_prologue_rounds_where_the_silu_mul_kernel_rounds() -> None:
 def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
     """The default configuration over N = 70 (not a multiple of its N block) and K = 2,368 (more than one of
     its K steps, and not a multiple of one): masked on both sides, and a partial last K step."""
-    assert 70 % DEFAULT_CONFIG.block_n and DEFAULT_CONFIG.block_k < 2368 < 2 * DEFAULT_CONFIG.block_k
+    default = POLICY.gemv
+    assert 70 % default.block_n and default.block_k < 2368 < 2 * default.block_k
     x = seeded_randn(1, 2368, dtype=torch.bfloat16, seed=4)
     w = seeded_randn(70, 2368, dtype=torch.bfloat16, seed=5, scale=0.1)
     _assert_sum_order_close(gemv(x, w), x, w, None, False)
@@ -86,10 +97,10 @@ def test_the_fused_model_runs_small_steps_through_gemv_and_keeps_transformers_to
     (SiLU·mul folded) and the lm_head, and the greedy tokens stay those of transformers fp32."""
     calls: list[tuple[int, bool]] = []
 
-    def spy(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-            config: GemvConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    def spy(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False, *,
+            policy: LaunchPolicy | None = None) -> torch.Tensor:
         calls.append((x.shape[0], silu_mul))
-        return gemv(x, w, bias, silu_mul, config)
+        return gemv(x, w, bias, silu_mul, policy=policy)
 
     monkeypatch.setattr(llama, "gemv", spy)
     path = hf_checkpoint("qwen2")

@@ -4,6 +4,7 @@ Without CUDA the kernels run under Triton's interpreter: tests/conftest.py sets 
 before anything imports the kernels (Triton reads it when `@triton.jit` decorates a kernel).
 """
 
+import dataclasses
 import math
 import os
 import re
@@ -18,14 +19,17 @@ import torch
 
 from governor.kernels import paged_attention as pa
 from governor.kernels.elementwise import INTERPRET
+from governor.kernels.launch_policy import LaunchPolicy, policy_for, policy_for_arch
 from governor.kernels.paged_attention import checks as pa_checks
 from governor.kernels.paged_attention import decode as pa_decode
 from governor.kernels.paged_attention import gluon_decode as pa_gluon
 from governor.kernels.paged_attention import prefill as pa_prefill
 from governor.kernels.paged_attention import splits as pa_splits
-from governor.kernels.paged_attention import tiles as pa_tiles
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+POLICY = policy_for(DEVICE)  # what the entry points launch with when given no policy
+# The policy H100s and H200s run: the decisions tests take for 132 SMs off CUDA, and what sm_90a is compiled with.
+SM90 = policy_for_arch("sm_90")
 # (atol, rtol): fp32 is exact math; half types round P to 8 (bf16) or 11 (fp16) mantissa bits.
 TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 FP8 = pa.FP8_KV_DTYPE
@@ -260,8 +264,10 @@ def _decode_against_ref(
     out: torch.Tensor | None = None,
     fp8: Fp8KV | None = None,
     q_dtype: torch.dtype | None = None,
+    policy: LaunchPolicy | None = None,
 ) -> None:
-    """The decode kernel against the reference on the case's cache, or on its fp8 copy `fp8`."""
+    """The decode kernel against the reference on the case's cache, or on its fp8 copy `fp8`, launched under
+    `policy` (None: the device's)."""
     num_seqs = len(case.seq_lens_list)
     q, query_start_loc = case.queries([1] * num_seqs, num_q_heads)
     q = q.to(q_dtype or case.dtype)
@@ -272,7 +278,8 @@ def _decode_against_ref(
     )
 
     got = pa.paged_decode_attention(
-        q, k_cache, v_cache, case.block_tables, case.seq_lens, scale, out, num_splits=num_splits, **scales
+        q, k_cache, v_cache, case.block_tables, case.seq_lens, scale, out, num_splits=num_splits, policy=policy,
+        **scales
     )
 
     assert got.dtype == q.dtype
@@ -326,8 +333,8 @@ def test_decode_split_kv_is_chosen_automatically_for_long_contexts_and_stays_exa
     # One kv head, two sequences: few programs and a 2048-token table capacity -> several partitions,
     # most of them past the short sequence's end.
     case = PagedCase([700, 30], 1, 16, 16, torch.float32, spare_table_entries=128 - 44)
-    assert case.block_tables.shape[1] * 16 >= 2 * pa_splits._SPLIT_MIN_PARTITION
-    assert pa_splits._choose_num_splits(2, 2048, torch.device("cpu")) > 1
+    assert case.block_tables.shape[1] * 16 >= 2 * POLICY.split_min_partition
+    assert pa_splits._choose_num_splits(SM90, 2, 2048, torch.device("cpu")) > 1
     _decode_against_ref(case, 2, None)
 
 
@@ -344,7 +351,7 @@ def test_fold_counters_grow_into_new_zeroed_ones_and_keep_the_old(monkeypatch: p
     assert pa_decode._fold_counters(cpu, 10) is grown
 
 
-# How split launches merge: (_DECODE_FOLD_MAX_SPLITS, _DECODE_REDUCE_PDL). PDL needs a GPU (off under the interpreter).
+# How split launches merge: (decode_fold_max_splits, decode_reduce_pdl). PDL needs a GPU (off under the interpreter).
 MERGES = {"fold": (64, False), "reduce": (0, False), "reduce-pdl": (0, True)}
 
 
@@ -355,15 +362,14 @@ def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyP
     # Three splits of contexts below and past a partition, an empty sequence among them; twice, since the fold's
     # arrival counters must be back at zero for the next call.
     fold_max, pdl = MERGES[merge]
-    monkeypatch.setattr(pa_decode, "_DECODE_FOLD_MAX_SPLITS", fold_max)
-    monkeypatch.setattr(pa_decode, "_DECODE_REDUCE_PDL", pdl)
+    policy = dataclasses.replace(POLICY, decode_fold_max_splits=fold_max, decode_reduce_pdl=pdl)
     decode, reduce = LaunchSpy(pa_decode._decode_kernel), LaunchSpy(pa_decode._decode_reduce_kernel)
     monkeypatch.setattr(pa_decode, "_decode_kernel", decode)
     monkeypatch.setattr(pa_decode, "_decode_reduce_kernel", reduce)
     case = PagedCase([1, 16, 0, 37, 130], 2, 16, 16, torch.float32, spare_table_entries=10)
     kv = quantize_fp8(case) if fp8 else None
     for _ in range(2):
-        _decode_against_ref(case, 4, 3, fp8=kv, q_dtype=torch.bfloat16 if fp8 else None)
+        _decode_against_ref(case, 4, 3, fp8=kv, q_dtype=torch.bfloat16 if fp8 else None, policy=policy)
     assert [k["FOLD"] for k in decode.launches] == [merge == "fold"] * 2
     assert len(reduce.launches) == (0 if merge == "fold" else 2)
     pdl_on = pdl and pa_decode._has_pdl(DEVICE)
@@ -390,7 +396,8 @@ def test_split_launches_fold_their_merge_up_to_8_splits(monkeypatch: pytest.Monk
     # The attention target's shapes on 132 SMs: batch 32 x 8 kv heads at 4K and batch 8 at 4K fold (2 and 8 splits),
     # batch 1 at 32K (64 splits) does not.
     cpu = torch.device("cpu")
-    assert [pa.decode_num_splits(b * 8, c, cpu, fp8=True) for b, c in ((32, 4096), (8, 4096), (1, 32768))] == [2, 8, 64]
+    assert [pa.decode_num_splits(b * 8, c, cpu, fp8=True, policy=SM90)
+            for b, c in ((32, 4096), (8, 4096), (1, 32768))] == [2, 8, 64]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -406,21 +413,19 @@ def test_gluon_decode_takes_fp8_caches_with_half_q_head_dims_64_128_and_groups_u
     cuda, bf16, fp16 = torch.device("cuda"), torch.bfloat16, torch.float16
 
     def takes(device: torch.device = cuda, q: torch.dtype = bf16, kv: torch.dtype = FP8, head_dim: int = 128,
-              group: int = 4) -> bool:
-        return pa_gluon._gluon_decode(device, q, kv, head_dim, group, caches_aligned=True)
+              group: int = 4, policy: LaunchPolicy = SM90) -> bool:
+        return pa_gluon._gluon_decode(policy, device, q, kv, head_dim, group, caches_aligned=True)
 
     assert takes() and takes(q=fp16) and takes(head_dim=64) and takes(group=1) and takes(group=16)
     assert not takes(q=torch.float32)  # fp32 q keeps the Triton kernel's tf32/fp32 products
     assert not takes(kv=bf16) and not takes(head_dim=256) and not takes(head_dim=32) and not takes(group=32)
     assert not takes(device=torch.device("cpu"))
-    assert not pa_gluon._gluon_decode(cuda, bf16, FP8, 128, 4, caches_aligned=False)
+    assert not pa_gluon._gluon_decode(SM90, cuda, bf16, FP8, 128, 4, caches_aligned=False)
     for other in ((8, 9), (10, 0), (12, 0)):
         capability["value"] = other
         assert not takes()  # measured and tested on sm_90 only
     capability["value"] = (9, 0)
-    monkeypatch.setattr(pa_gluon, "_GLUON_DECODE", False)
-    assert not takes()
-    monkeypatch.setattr(pa_gluon, "_GLUON_DECODE", True)
+    assert not takes(policy=dataclasses.replace(SM90, gluon_decode=False))
     monkeypatch.setattr(pa_gluon, "INTERPRET", True)
     assert not takes()  # Gluon has no interpreter: CPU runs take the Triton kernel
 
@@ -438,18 +443,22 @@ def test_gluon_decode_needs_16_byte_aligned_cache_rows() -> None:
 
 def test_gluon_decode_launches_that_fit_one_wave_of_4_programs_per_sm_take_64_keys_a_step_larger_ones_16() -> None:
     cpu = torch.device("cpu")  # 132 SMs off CUDA: 528 programs a wave
-    assert pa_gluon._gluon_decode_tile(1, cpu) == pa_gluon._gluon_decode_tile(528, cpu) == 64
-    assert pa_gluon._gluon_decode_tile(529, cpu) == pa_gluon._gluon_decode_tile(2048, cpu) == 16
+
+    def tile(programs: int) -> int:
+        return pa_gluon._gluon_decode_tile(SM90, programs, cpu)
+
+    assert tile(1) == tile(528) == 64
+    assert tile(529) == tile(2048) == 16
     # Every split launch fits (its split count is chosen so); the throughput workload's batch 256 does not.
     for batch, context in ((32, 4096), (32, 32768), (8, 4096), (1, 32768), (16, 8192)):
-        splits = pa.decode_num_splits(batch * 8, context, cpu, fp8=True)
-        assert splits > 1 and pa_gluon._gluon_decode_tile(batch * 8 * splits, cpu) == 64
-    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and pa_gluon._gluon_decode_tile(256 * 8, cpu) == 16
+        splits = pa.decode_num_splits(batch * 8, context, cpu, fp8=True, policy=SM90)
+        assert splits > 1 and tile(batch * 8 * splits) == 64
+    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True, policy=SM90) == 1 and tile(256 * 8) == 16
 
 
 @pytest.mark.parametrize(("tile", "head_dim", "group", "merge"), [
-    (pa_gluon._GLUON_DECODE_TILE_N_NARROW, 128, 4, "fold"), (pa_gluon._GLUON_DECODE_TILE_N_WIDE, 128, 8, "pdl"),
-    (pa_gluon._GLUON_DECODE_TILE_N_NARROW, 64, 1, "reduce"), (pa_gluon._GLUON_DECODE_TILE_N_WIDE, 128, 2, "unsplit")])
+    (SM90.gluon_tile_n_narrow, 128, 4, "fold"), (SM90.gluon_tile_n_wide, 128, 8, "pdl"),
+    (SM90.gluon_tile_n_narrow, 64, 1, "reduce"), (SM90.gluon_tile_n_wide, 128, 2, "unsplit")])
 def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile: int, head_dim: int, group: int,
                                                                             merge: str) -> None:
     # Compiled by scripts/decode-sass.py with Triton's ptxas for sm_90a (no GPU; in a process without the
@@ -466,8 +475,8 @@ def test_gluon_decode_compiles_for_sm90_to_16_byte_k_v_reads_without_spills(tile
     header = re.search(r"(\d+) registers, spills (\d+)/(\d+) bytes", run.stdout)
     assert header is not None, run.stdout
     # The 16-key program runs at ptxas's choice, 128 registers and a few spilled bytes: faster than 139 without
-    # spills (gluon_decode's notes on _GLUON_DECODE_MAXNREG_WIDE); the 64-key one spills nothing.
-    uncapped_wide = tile == pa_gluon._GLUON_DECODE_TILE_N_WIDE and pa_gluon._GLUON_DECODE_MAXNREG_WIDE is None
+    # spills (LaunchPolicy.gluon_maxnreg_wide); the 64-key one spills nothing.
+    uncapped_wide = tile == SM90.gluon_tile_n_wide and SM90.gluon_maxnreg_wide is None
     spill_limit = 64 if uncapped_wide else 0
     assert int(header.group(1)) <= 255 and int(header.group(2)) <= spill_limit and int(header.group(3)) <= spill_limit
     ops = {m.group(2): int(m.group(1)) for m in re.finditer(r"^\s+(\d+)\s+(\S+)$", run.stdout, re.MULTILINE)}
@@ -542,42 +551,42 @@ def test_the_int64_offset_path_gives_the_same_outputs(monkeypatch: pytest.Monkey
 
 
 def test_decode_register_cap_applies_to_narrow_fp8_launches_on_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    options = pa_decode._decode_launch_options
     monkeypatch.setattr(pa_decode, "INTERPRET", False)
-    assert pa_decode._decode_launch_options(fp8=True, wide=False)["maxnreg"] == pa_decode._DECODE_MAXNREG_FP8
-    assert pa_decode._DECODE_WIDE_MAXNREG_FP8 is None  # wide: the compiler's count (a cap of 168 spilled)
-    assert "maxnreg" not in pa_decode._decode_launch_options(fp8=True, wide=True)
-    assert "maxnreg" not in pa_decode._decode_launch_options(fp8=False, wide=False)
+    assert options(SM90, fp8=True, wide=False)["maxnreg"] == SM90.decode_maxnreg_fp8
+    assert "maxnreg" not in options(SM90, fp8=True, wide=True)  # wide: the compiler's count (a cap of 168 spilled)
+    assert "maxnreg" not in options(SM90, fp8=False, wide=False)
     monkeypatch.setattr(pa_decode, "INTERPRET", True)  # the interpreter takes no register cap
-    assert "maxnreg" not in pa_decode._decode_launch_options(fp8=True, wide=False)
+    assert "maxnreg" not in options(SM90, fp8=True, wide=False)
 
 
 def test_fp8_decode_launches_take_warps_and_tiles_by_width_and_16_bit_ones_one_setting() -> None:
-    d = pa_decode
-    narrow, wide = (d._decode_launch_options(fp8=True, wide=w) for w in (False, True))
-    assert (narrow["num_warps"], d._decode_tile(True, False)) == (d._DECODE_NUM_WARPS_FP8, d._DECODE_TILE_N_FP8)
-    assert (wide["num_warps"], d._decode_tile(True, True)) == (d._DECODE_WIDE_NUM_WARPS_FP8, d._DECODE_WIDE_TILE_N_FP8)
-    assert narrow["num_stages"] == wide["num_stages"] == d._DECODE_NUM_STAGES_FP8
+    d, p = pa_decode, SM90
+    narrow, wide = (d._decode_launch_options(p, fp8=True, wide=w) for w in (False, True))
+    assert (narrow["num_warps"], d._decode_tile(p, True, False)) == (p.decode_num_warps_fp8, p.decode_tile_n_fp8)
+    assert (wide["num_warps"], d._decode_tile(p, True, True)) == (p.decode_wide_num_warps_fp8, p.decode_wide_tile_n_fp8)
+    assert narrow["num_stages"] == wide["num_stages"] == p.decode_num_stages_fp8
     for w in (False, True):
-        assert d._decode_launch_options(fp8=False, wide=w) == {"num_warps": d._DECODE_NUM_WARPS_16}  # 3 stages
-        assert d._decode_tile(False, w) == pa_tiles._TILE_N
+        assert d._decode_launch_options(p, fp8=False, wide=w) == {"num_warps": p.decode_num_warps_16}  # 3 stages
+        assert d._decode_tile(p, False, w) == p.tile_n
 
 
 def test_only_unsplit_fp8_launches_that_fill_their_waves_are_wide() -> None:
     cpu = torch.device("cpu")  # 132 SMs off CUDA: waves of 8 x 132 = 1,056 one-warp programs
 
     def wide(programs: int) -> bool:
-        return pa_decode._wide_decode(True, False, programs, cpu)
+        return pa_decode._wide_decode(SM90, True, False, programs, cpu)
 
     # The H200 measurements (8 kv heads): 1 warp faster at batch 256 (2,048 programs) and 128 (1,024), slower at 192,
     # 160, 64 and 48 (1,536, 1,280, 512, 384).
     assert wide(2048) and wide(1024)
     assert not any(wide(p) for p in (1536, 1280, 512, 384, 1, 0))
     assert wide(3 * 1056) and not wide(2 * 1056 + 1)  # fill 100% / 67%
-    assert not pa_decode._wide_decode(True, True, 2048, cpu)  # split launches never
-    assert not pa_decode._wide_decode(False, False, 2048, cpu)  # 16-bit caches never
+    assert not pa_decode._wide_decode(SM90, True, True, 2048, cpu)  # split launches never
+    assert not pa_decode._wide_decode(SM90, False, False, 2048, cpu)  # 16-bit caches never
     # The throughput workload's decode batch (256 x 8 kv heads) is unsplit and wide; batch 48 at 4K unsplit, not wide.
-    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True) == 1 and wide(256 * 8)
-    assert pa.decode_num_splits(48 * 8, 4096, cpu, fp8=True) == 1 and not wide(48 * 8)
+    assert pa.decode_num_splits(256 * 8, 1024, cpu, fp8=True, policy=SM90) == 1 and wide(256 * 8)
+    assert pa.decode_num_splits(48 * 8, 4096, cpu, fp8=True, policy=SM90) == 1 and not wide(48 * 8)
 
 
 @needs_triton
@@ -589,14 +598,14 @@ def test_fp8_decode_launches_run_the_settings_of_their_width(monkeypatch: pytest
     monkeypatch.setattr(pa_decode, "_decode_kernel", decode)
     # A fill this small case reaches or not (12 programs here; on a GPU a wide launch has a thousand or more). A split
     # launch is never wide, whatever the fill.
-    monkeypatch.setattr(pa_decode, "_DECODE_WIDE_MIN_WAVE_FILL", 0.0 if wide or num_splits > 1 else 2.0)
+    policy = dataclasses.replace(POLICY, decode_wide_min_wave_fill=0.0 if wide or num_splits > 1 else 2.0)
     # Contexts across both tile sizes' boundaries, GQA 4 over 2 kv heads, bf16 q as the engine runs it.
     case = PagedCase([1, 63, 64, 65, 129, 300], 2, 32, 16, torch.float32, spare_table_entries=4)
-    _decode_against_ref(case, 8, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16)
+    _decode_against_ref(case, 8, num_splits, fp8=quantize_fp8(case), q_dtype=torch.bfloat16, policy=policy)
     (launch,) = decode.launches
     assert launch["SPLIT"] is (num_splits > 1)
-    assert launch["TILE_N"] == pa_decode._decode_tile(True, wide)
-    options = pa_decode._decode_launch_options(True, wide)
+    assert launch["TILE_N"] == pa_decode._decode_tile(policy, True, wide)
+    options = pa_decode._decode_launch_options(policy, True, wide)
     assert {k: launch.get(k) for k in ("num_warps", "num_stages", "maxnreg")} == {
         k: options.get(k) for k in ("num_warps", "num_stages", "maxnreg")}
 
@@ -604,16 +613,16 @@ def test_fp8_decode_launches_run_the_settings_of_their_width(monkeypatch: pytest
 def test_fp8_split_counts_fit_one_wave_and_16_bit_ones_fill_the_target() -> None:
     # 132 SMs off CUDA. fp8: 4 programs per SM, rounded down: batch 32 x 8 kv heads -> 2 splits (512 of 528 slots).
     cpu = torch.device("cpu")
-    assert pa_splits._choose_num_splits(256, 4096, cpu, fp8=True) == 2
-    assert pa_splits._choose_num_splits(128, 8192, cpu, fp8=True) == 4
-    assert pa_splits._choose_num_splits(8, 32768, cpu, fp8=True) == 64  # 66 fit, capped
-    assert pa_splits._choose_num_splits(300, 32768, cpu, fp8=True) == 1  # two would take 1.14 waves
-    assert pa_splits._choose_num_splits(256, 1024, cpu, fp8=True) == 2
-    assert pa_splits._choose_num_splits(256, 1023, cpu, fp8=True) == 1  # partitions of >= 512 tokens
+    assert pa_splits._choose_num_splits(SM90, 256, 4096, cpu, fp8=True) == 2
+    assert pa_splits._choose_num_splits(SM90, 128, 8192, cpu, fp8=True) == 4
+    assert pa_splits._choose_num_splits(SM90, 8, 32768, cpu, fp8=True) == 64  # 66 fit, capped
+    assert pa_splits._choose_num_splits(SM90, 300, 32768, cpu, fp8=True) == 1  # two would take 1.14 waves
+    assert pa_splits._choose_num_splits(SM90, 256, 1024, cpu, fp8=True) == 2
+    assert pa_splits._choose_num_splits(SM90, 256, 1023, cpu, fp8=True) == 1  # partitions of >= 512 tokens
     # 16-bit: 3 per SM, rounded up.
-    assert pa_splits._choose_num_splits(256, 4096, cpu) == 2
-    assert pa_splits._choose_num_splits(128, 8192, cpu) == 4
-    assert pa_splits._choose_num_splits(300, 32768, cpu) == 2
+    assert pa_splits._choose_num_splits(SM90, 256, 4096, cpu) == 2
+    assert pa_splits._choose_num_splits(SM90, 128, 8192, cpu) == 4
+    assert pa_splits._choose_num_splits(SM90, 300, 32768, cpu) == 2
 
 
 @needs_triton
@@ -938,8 +947,7 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
     # Batch 32 at 4K (2 splits for both dtypes), captured once and replayed on new queries and lengths: the PDL launch
     # must capture as a graph edge, the fold's counters must reset on every replay.
     fold_max, pdl = MERGES[merge]
-    monkeypatch.setattr(pa_decode, "_DECODE_FOLD_MAX_SPLITS", fold_max)
-    monkeypatch.setattr(pa_decode, "_DECODE_REDUCE_PDL", pdl)
+    policy = dataclasses.replace(POLICY, decode_fold_max_splits=fold_max, decode_reduce_pdl=pdl)
     seq_lens = [4096] * 28 + [4095, 1370, 17, 1]
     case = PagedCase(seq_lens, 8, 128, 16, torch.float32 if fp8 else torch.bfloat16)
     kv = quantize_fp8(case) if fp8 else None
@@ -951,7 +959,7 @@ def test_gpu_split_decode_merges_under_a_cuda_graph(monkeypatch: pytest.MonkeyPa
 
     def call() -> None:
         pa.paged_decode_attention(q, k_cache, v_cache, case.block_tables, case.seq_lens, scale, out,
-                                  max_seq_len=4096, **scales)
+                                  max_seq_len=4096, policy=policy, **scales)
 
     assert pa.decode_num_splits(32 * 8, 4096, DEVICE, fp8=fp8) == 2
     reduce = LaunchSpy(pa_decode._decode_reduce_kernel)
@@ -1057,16 +1065,17 @@ def test_gpu_gluon_fp8_decode_matches_the_fp8_reference(monkeypatch: pytest.Monk
     for _ in range(2):
         _decode_against_ref(case, num_q_heads, num_splits, fp8=kv, q_dtype=q_dtype)
     assert len(gluon.launches) == 2 and not triton_kernel.launches
-    assert all(k["FOLD"] is (1 < num_splits <= pa_decode._DECODE_FOLD_MAX_SPLITS) for k in gluon.launches)
+    assert all(k["FOLD"] is (1 < num_splits <= POLICY.decode_fold_max_splits) for k in gluon.launches)
     # 11 x kv heads x splits programs: both tiles among the cases (e.g. 704 at 8 kv heads and 8 splits: 16 keys).
     run = pa.decode_num_splits(11 * num_kv_heads, case.block_tables.shape[1] * block_size, DEVICE, num_splits, fp8=True)
-    assert all(k["TILE_N"] == pa_gluon._gluon_decode_tile(11 * num_kv_heads * run, DEVICE) for k in gluon.launches)
-    if 1 < num_splits <= pa_decode._DECODE_FOLD_MAX_SPLITS:
+    assert all(k["TILE_N"] == pa_gluon._gluon_decode_tile(POLICY, 11 * num_kv_heads * run, DEVICE)
+               for k in gluon.launches)
+    if 1 < num_splits <= POLICY.decode_fold_max_splits:
         assert not pa_decode._FOLD_COUNTERS[case.seq_lens.device].any()
 
 
-@pytest.mark.parametrize(("batch", "context", "tile"), [(32, 4096, pa_gluon._GLUON_DECODE_TILE_N_NARROW),
-                                                     (72, 700, pa_gluon._GLUON_DECODE_TILE_N_WIDE)],
+@pytest.mark.parametrize(("batch", "context", "tile"), [(32, 4096, SM90.gluon_tile_n_narrow),
+                                                     (72, 700, SM90.gluon_tile_n_wide)],
                          ids=["b32-4k-split", "b72-unsplit-wide"])
 @pytest.mark.gpu
 @needs_sm90
@@ -1084,11 +1093,11 @@ def test_gpu_gluon_and_triton_fp8_decode_agree(monkeypatch: pytest.MonkeyPatch, 
     q = q.to(torch.bfloat16)
     outs = []
     for use_gluon in (True, False):
-        monkeypatch.setattr(pa_gluon, "_GLUON_DECODE", use_gluon)
         outs.append(pa.paged_decode_attention(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens,
-                                              128**-0.5, max_seq_len=context, **kv.scales))
+                                              128**-0.5, max_seq_len=context, **kv.scales,
+                                              policy=dataclasses.replace(POLICY, gluon_decode=use_gluon)))
     (launch,) = gluon.launches
-    assert launch["TILE_N"] == tile and launch["SPLIT"] is (tile == pa_gluon._GLUON_DECODE_TILE_N_NARROW)
+    assert launch["TILE_N"] == tile and launch["SPLIT"] is (tile == SM90.gluon_tile_n_narrow)
     want = pa.paged_attention_ref(q, kv.k_cache, kv.v_cache, case.block_tables, case.seq_lens, qsl, 128**-0.5,
                                   **kv.scales)
     _assert_close_for(outs[0], want, torch.bfloat16, kv)

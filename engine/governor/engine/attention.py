@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from governor.kernels import paged_attention as kernels
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 
 @dataclass
@@ -30,14 +31,16 @@ class PagedAttention:
     """Writes this step's K/V into the cache, then attends over each sequence's paged context.
 
     backend "torch" is the plain-PyTorch reference (CPU); "triton" runs the decode kernel on the
-    decode sequences and the varlen prefill kernel on the rest.
+    decode sequences and the varlen prefill kernel on the rest, with the launch settings `policy`: the one given,
+    else the device's (`policy_for`), picked once, at the first call, and passed to every kernel after.
     """
 
-    def __init__(self, backend: str, scale: float) -> None:
+    def __init__(self, backend: str, scale: float, policy: LaunchPolicy | None = None) -> None:
         if backend not in ("torch", "triton"):
             raise ValueError(f"attention backend must be 'torch' or 'triton', got {backend!r}")
         self.backend = backend
         self.scale = scale
+        self.policy = policy
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
@@ -57,16 +60,19 @@ class PagedAttention:
         if self.backend != "triton":
             raise RuntimeError("PagedAttention.attend runs the Triton kernels; the torch backend writes and "
                                "attends in one call")
+        policy = self.policy
+        if policy is None:
+            policy = self.policy = policy_for(q.device)
         k_cache, v_cache = kv_cache
         out = torch.empty_like(q)
         nd, ndt = meta.num_decodes, meta.num_decode_tokens
         if nd:
             kernels.paged_decode_attention(q[:ndt], k_cache, v_cache, meta.block_tables[:nd],
                                            meta.seq_lens[:nd], self.scale, out=out[:ndt],
-                                           k_scale=k_scale, v_scale=v_scale)
+                                           k_scale=k_scale, v_scale=v_scale, policy=policy)
         if ndt < q.shape[0]:
             kernels.paged_prefill_attention(q[ndt:], k_cache, v_cache, meta.block_tables[nd:],
                                             meta.seq_lens[nd:], meta.prefill_query_start_loc,
                                             meta.max_query_len, self.scale, out=out[ndt:],
-                                            k_scale=k_scale, v_scale=v_scale)
+                                            k_scale=k_scale, v_scale=v_scale, policy=policy)
         return out

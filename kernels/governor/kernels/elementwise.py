@@ -19,10 +19,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
+
 # Decided once, when the kernels are decorated: triton reads TRITON_INTERPRET at `@triton.jit` time.
 INTERPRET = bool(triton.knobs.runtime.interpret)
-
-_SILU_BLOCK = 1024  # columns per SiLU·mul program
 
 
 def triton_usable(t: torch.Tensor) -> bool:
@@ -115,9 +115,10 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
     tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rms_rstd(h, n, eps), w, dtype).to(dtype), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`add_rms_norm_ref` in one kernel for x [T, n] (the residual, when given, is [T, n] too)."""
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
+                 policy: LaunchPolicy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_rms_norm_ref` in one kernel for x [T, n] (the residual, when given, is [T, n] too). `policy`: the launch
+    settings (None: the device's)."""
     if not triton_usable(x):
         return add_rms_norm_ref(x, residual, weight, eps)
     if x.dim() != 2 or x.stride(-1) != 1 or (residual is not None and (residual.shape != x.shape
@@ -127,10 +128,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty_like(x)
     h = x if residual is None else torch.empty_like(x)
     if t:
+        if policy is None:
+            policy = policy_for(x.device)
         r = x if residual is None else residual  # never read without a residual
         _add_rms_norm_kernel[(t,)](x, r, weight, out, h, n, eps, x.stride(0), r.stride(0), out.stride(0),
                                    h.stride(0), HAS_RESIDUAL=residual is not None,
-                                   BLOCK=triton.next_power_of_2(n), num_warps=_row_warps(n))
+                                   BLOCK=triton.next_power_of_2(n), num_warps=_row_warps(policy, n))
     return out, h
 
 
@@ -147,8 +150,8 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n, stride_gu, stride_o, BLOCK: tl.constexp
     tl.store(out_ptr + row * stride_o + cols, round_to(silu * up, dtype).to(dtype), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """`silu_mul_ref` in one kernel: gate_up [T, 2I] -> [T, I]."""
+def silu_mul(gate_up: torch.Tensor, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
+    """`silu_mul_ref` in one kernel: gate_up [T, 2I] -> [T, I]. `policy`: the launch settings (None: the device's)."""
     if not triton_usable(gate_up):
         return silu_mul_ref(gate_up)
     if gate_up.dim() != 2 or gate_up.shape[1] % 2 or gate_up.stride(-1) != 1:
@@ -156,11 +159,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     t, n = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(t, n, dtype=gate_up.dtype, device=gate_up.device)
     if t:
-        _silu_mul_kernel[(t, triton.cdiv(n, _SILU_BLOCK))](gate_up, out, n, gate_up.stride(0), out.stride(0),
-                                                          BLOCK=_SILU_BLOCK)
+        if policy is None:
+            policy = policy_for(gate_up.device)
+        _silu_mul_kernel[(t, triton.cdiv(n, policy.silu_block))](gate_up, out, n, gate_up.stride(0), out.stride(0),
+                                                                BLOCK=policy.silu_block)
     return out
 
 
-def _row_warps(n: int) -> int:
-    # Enough threads that a row of n values is a few per thread (hidden 4096: 8 warps, 16 values each).
-    return max(1, min(16, n // 512))
+def _row_warps(policy: LaunchPolicy, n: int) -> int:
+    # Enough threads that a row of n values is a few per thread.
+    return max(1, min(policy.row_max_warps, n // policy.row_values_per_warp))

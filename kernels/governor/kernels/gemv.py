@@ -1,12 +1,10 @@
 """Matrix-vector products for decode steps of one token: out = x @ w.T (+ bias), x [1, K], w [N, K].
 
 At batch 1 a decoder layer's matmuls are pure weight streaming, and cuBLAS's choices there leave bandwidth
-unused: on an H100 the llama3-8b qkv GEMM reads its weight at 81-82% of the copy bandwidth, o at 67-68% and
-down (with the SiLU·mul kernel before it) at 84% (docs/design/gemv.md). `gemv` streams the
-weight once, one program per BLOCK_N output columns, with no split-K and no second kernel, and can fold the
-MLP's SiLU(gate)·up into its prologue (`silu_mul=True`: x is the gate_up output [1, 2K]), which removes the
-separate SiLU·mul kernel from the step. With two or more rows cuBLAS is as fast or faster on these shapes
-(same sweep), so the model keeps F.linear there.
+unused on some llama3-8b shapes (docs/design/gemv.md). `gemv` streams the weight once, one program per BLOCK_N output
+columns, with no split-K and no second kernel, and can fold the MLP's SiLU(gate)·up into its prologue
+(`silu_mul=True`: x is the gate_up output [1, 2K]), which removes the separate SiLU·mul kernel from the step. With two
+or more rows cuBLAS is as fast or faster on these shapes (same sweep), so the model keeps F.linear there.
 
 Numerics: products accumulate in fp32 and round once to the output dtype, as a cuBLAS GEMM does, so results
 differ from F.linear only by the order of the fp32 sum (in bf16, at most one output step). The SiLU·mul
@@ -16,27 +14,13 @@ prologue rounds where `elementwise.silu_mul_ref` rounds, so `gemv(gu, w, silu_mu
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from governor.kernels.elementwise import round_to, silu_mul_ref, triton_usable
-
-
-class GemvConfig(NamedTuple):
-    block_n: int  # output columns (rows of w) per program
-    block_k: int  # reduction columns per loop step
-    num_warps: int
-
-
-# Over the llama3-8b decode shapes (scripts/gemv-sweep.py; docs/design/gemv.md):
-# the fastest single configuration of the sweep over a layer on an H100 and on an H200, and end to end on the
-# H200 (scripts/gpu-gemv-config-ab.sh) batch-1 decode 4.35 ms/token against 4.55 with 4 x 1024. Wide K steps
-# over few rows keep each program's loads long and the grid large.
-DEFAULT_CONFIG = GemvConfig(block_n=4, block_k=2048, num_warps=4)
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 
 def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False
@@ -85,10 +69,11 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BLOCK_N: tl.c
     tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
-         config: GemvConfig = DEFAULT_CONFIG) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False, *,
+         policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`gemv_ref` in one Triton kernel, for x [1, K] (or [1, 2K] with `silu_mul`), a contiguous w [N, K] and
-    an optional bias [N]; returns [1, N] in x's dtype."""
+    an optional bias [N]; returns [1, N] in x's dtype. `policy`: the launch settings, its `gemv` tile and warps
+    (None: the device's)."""
     if not gemv_usable(x, w):
         raise ValueError(f"gemv: needs a contiguous x [1, K] and w [N, K] of one dtype on a Triton "
                          f"device; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype} (use F.linear "
@@ -99,6 +84,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, sil
                          f"{' (gate and up side by side)' if silu_mul else ''}")
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
         raise ValueError(f"gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    if policy is None:
+        policy = policy_for(x.device)
+    config = policy.gemv
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, out if bias is None else bias, out, n, K=k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,

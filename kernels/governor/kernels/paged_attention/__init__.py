@@ -47,8 +47,9 @@ fp8 KV cache (`k_cache`/`v_cache` of dtype `torch.float8_e4m3fn`, q and out stay
   `gluon_decode._gluon_decode_kernel` (Gluon: explicit layouts) with the same contract, math and partials;
   elsewhere, and under the interpreter, `decode._decode_kernel`.
 
-Module-level settings (tile sizes, warps, the split and merge rules) are read at call time from the module that
-owns them: an A/B script or a test that changes one sets it there, not on this package.
+Launch settings (tile sizes, warps, stages, register caps, the split, width and merge rules) are a
+`governor.kernels.launch_policy.LaunchPolicy`: every entry point with a Triton or Gluon kernel takes `policy` (None: the
+device's, `policy_for`), and an A/B script or a test chooses another with `dataclasses.replace`.
 """
 
 from .checks import FP8_KV_DTYPE, FP8_MAX, INT32_OFFSET_ELEMENTS

@@ -1,10 +1,11 @@
 """Decode attention with the Triton kernel: one query per sequence over the paged cache.
 
 Owns `paged_decode_attention` (checks, the split count and merge, the dispatch to the Gluon kernel where
-`gluon_decode._gluon_decode` takes the call, else `_decode_kernel`), the Triton decode kernel and its launch settings
-(tile, warps, stages, register cap; narrow and wide fp8 launches), and the merge of split-KV partials: folded into
-the decode kernel through per-(seq, kv head) arrival counters (`_fold_counters`), or by `_decode_reduce_kernel`,
-under programmatic dependent launch where the GPU has it. The split count itself is `splits`'.
+`gluon_decode._gluon_decode` takes the call, else `_decode_kernel`), the Triton decode kernel and the rules that turn a
+`LaunchPolicy` into its launch (tile, warps, stages, register cap; narrow and wide fp8 launches), and the merge of
+split-KV partials: folded into the decode kernel through per-(seq, kv head) arrival counters (`_fold_counters`), or by
+`_decode_reduce_kernel`, under programmatic dependent launch where the GPU has it. The split count itself is
+`splits`'. Why each setting has its value: `launch_policy.LaunchPolicy` and docs/design/decode-attention-kernels.md.
 """
 
 from __future__ import annotations
@@ -17,63 +18,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from governor.kernels.elementwise import INTERPRET
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 from .checks import FP8_KV_DTYPE, _check_attention_args, _check_out, _needs_int64_offsets, _require_triton
 from .gluon_decode import _gluon_caches_aligned, _gluon_decode, _launch_gluon_decode
 from .splits import _partition_size, _sm_count, decode_num_splits
-from .tiles import _LOG2E, _MIN_DOT, _TILE_N, _attend_range, _dot_precision, _fp16_range
-
-# Narrow decode launches over an fp8 cache (4 warps: split launches, and unsplit ones that are not wide, see below): a
-# tile of half the bytes, so it takes twice the keys a step (a multiple of _TILE_N; a tile may run past a _TILE_N-
-# aligned partition's end: masked). On an H100 (docs/design/decode-attention-kernels.md), against 64 keys: batch 256
-# at 1K context 66% -> 79% of HBM copy bandwidth, batch 32 at 4K 63% -> 72%, at 32K 89% either way; 4 warps
-# (Triton's default) beat 8 on every fp8 shape measured.
-_DECODE_TILE_N_FP8 = 128
-# Registers per thread of a narrow decode program over an fp8 cache (Triton's `maxnreg`; None: the compiler's choice).
-# It compiles to 168 registers for sm_90, 3 programs of 4 warps per SM; capped at 128, 4 per SM (when unsplit launches
-# ran 4 warps too, 5% faster there at batch 256 on an H200). Split launches take the cap since their split count fills
-# one wave of 4 programs per SM (`splits._choose_num_splits`): batch 32 at 4K 98.8 -> 95.6 us, at 32K 638 -> 630,
-# batch 16 at 8K 108 -> 96, batch 8 at 4K 41.5 -> 35.8. Alone, the cap was 13% faster where the split count stayed
-# (batch 8 at 4K, 1 at 32K) and 4-10% slower where the old count took 1.45 waves; fewer splits without the cap were
-# 9-19% slower (docs/design/decode-attention-kernels.md). The 16-bit program (96 registers split, 108 unsplit) has no
-# cap: 96 on the int64 kernel of the time spilled and lost 20-25%.
-_DECODE_MAXNREG_FP8: int | None = 128
-# Pipeline stages of the fp8 decode launches (Triton's `num_stages`, default 3): 2 (one K/V tile in flight while one
-# is computed) was 1-2% faster at every fp8 shape measured on an H200 (batch 32 at 4K 96 -> 94.6 us, at 32K 635 ->
-# 628, batch 256 at 612 113.7 -> 111.6, at 1,024 171.6 -> 168.7), 1 stage 5-8% slower. 16-bit launches keep the
-# default: 2 stages there were 5-8% slower at batch 256 (docs/design/decode-attention-kernels.md).
-_DECODE_NUM_STAGES_FP8 = 2
-_DECODE_NUM_WARPS_FP8 = 4  # warps per decode program
-# Wide fp8 launches -- unsplit, with programs that fill their waves of _DECODE_WIDE_PROGRAMS_PER_SM_FP8 per SM to at
-# least _DECODE_WIDE_MIN_WAVE_FILL (`_wide_decode`) -- run 1 warp over 64-key tiles with the compiler's register
-# count (181 for sm_90; capped at 168 it spills, 32% slower). A warp owns the whole tile: no cross-warp max/sum or P
-# exchange through shared memory (2,056 loop instructions per 64 keys against 1,201 per 128 for 4 warps, 8.0 against
-# 6.8 bytes per instruction), but a program holds one warp, and waves of them are long. H200
-# (docs/design/decode-attention-kernels.md), 1 warp against the 4-warp program, equal contexts, (seq, kv head)
-# programs: 2,048 (batch 256 x 8 at 612 / 1,024 tokens) 110.4 / 164.2 us against 112.3 / 170.1, 1,024 (batch 128 at
-# 1,024) 88.0 against 91.4 -- faster; 1,280 and 1,536 (batch 160, 192 at 612) 17% slower, 384 and 512 (batch 48, 64
-# at 4K) 58-86% slower. Offline throughput (256 x 100 -> 1,024, fp8 KV) 54.9K -> 57.2-57.9K tok/s in one process.
-# The measured times fit about 8 of these programs running per SM (batch 128's 1,024 in one wave, batch 160's 1,280
-# in two; the compiler's resources would allow 10), so that is the wave; the fill rule takes the 1,024 and 2,048
-# cases (97%) and leaves the others (36-73%). Split launches keep the 4-warp settings (1-warp split launches were
-# 6-26% slower at batch 32, 4K).
-_DECODE_WIDE_NUM_WARPS_FP8 = 1
-_DECODE_WIDE_TILE_N_FP8 = 64
-_DECODE_WIDE_MAXNREG_FP8: int | None = None
-_DECODE_WIDE_PROGRAMS_PER_SM_FP8 = 8
-_DECODE_WIDE_MIN_WAVE_FILL = 0.9
-_DECODE_NUM_WARPS_16 = 4
-# How split launches merge their partials. Up to _DECODE_FOLD_MAX_SPLITS splits the decode kernel does it: each
-# program stores its partial, counts in on a per-(seq, kv head) counter (`_fold_counters`) and the last one merges and
-# resets the counter -- no second kernel. More splits run the reduce kernel, launched with programmatic dependent launch
-# where the GPU has it (`_DECODE_REDUCE_PDL`, sm_90+): the decode programs signal once their partials are stored, the
-# reduce's programs start early and wait in `gdc_wait` for the decode kernel's memory. H200, bf16 q, µs per decode
-# against the reduce kernel launched plainly: batch 32 at 4K (2 splits) fp8 95.2 -> 92.7 folded, 93.8 under PDL, bf16
-# 142.3 -> 138.9 / 140.3; batch 16 at 8K (4) and 8 at 4K (7-8) also faster folded; batch 1 at 32K (47-64 splits, one
-# program merging them all) 36.3 -> 46.4 folded, 34.7 under PDL (fp8). Measured at 2, 4, 7, 8, 47 and 64 splits only
-# (docs/design/decode-attention-kernels.md).
-_DECODE_FOLD_MAX_SPLITS = 8
-_DECODE_REDUCE_PDL = True
+from .tiles import _LOG2E, _MIN_DOT, _attend_range, _dot_precision, _fp16_range
 
 
 @triton.jit
@@ -255,19 +205,21 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    policy: LaunchPolicy | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query per sequence, q [B, num_q_heads, head_dim] -> [B, Hq, D].
 
     Each query sits at position `seq_lens[b] - 1` and attends to the whole context. One program
     per (sequence, kv head) serves the GQA group; for long contexts over few programs the context
     is also split into partitions (split-KV), merged by the last program of each (sequence, kv head) or,
-    past _DECODE_FOLD_MAX_SPLITS partitions, by a small reduce kernel.
+    past `policy.decode_fold_max_splits` partitions, by a small reduce kernel.
 
     `num_splits`: None picks automatically (from `max_seq_len` if given, else the block-table
     capacity, so no host sync and the choice is stable under CUDA graphs); 1 disables split-KV.
     `max_seq_len`: an upper bound on `seq_lens` known on the host, for the split count (instead of the
     block-table capacity).
     `k_scale`/`v_scale`: float32 [num_kv_heads], required with an fp8 cache (package docstring).
+    `policy`: the launch settings (None: the device's, `launch_policy.policy_for`).
     """
     num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     _require_triton(q, "paged_decode_attention")
@@ -279,16 +231,18 @@ def paged_decode_attention(
     out = _check_out(out, q)
     if batch == 0:
         return out
+    if policy is None:
+        policy = policy_for(q.device)
     group = num_q_heads // num_kv_heads
     block_size = k_cache.shape[1]
     context_bound = block_tables.shape[1] * block_size if max_seq_len is None else max_seq_len
     context_bound = max(context_bound, 1)
     fp8 = k_cache.dtype == FP8_KV_DTYPE
-    num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits, fp8)
+    num_splits = decode_num_splits(batch * num_kv_heads, context_bound, q.device, num_splits, fp8, policy=policy)
     split = num_splits > 1
-    wide = _wide_decode(fp8, split, batch * num_kv_heads, q.device)
-    fold = split and num_splits <= _DECODE_FOLD_MAX_SPLITS
-    pdl = split and not fold and _DECODE_REDUCE_PDL and _has_pdl(q.device)
+    wide = _wide_decode(policy, fp8, split, batch * num_kv_heads, q.device)
+    fold = split and num_splits <= policy.decode_fold_max_splits
+    pdl = split and not fold and policy.decode_reduce_pdl and _has_pdl(q.device)
 
     if split:
         rows = batch * num_q_heads * num_splits
@@ -301,9 +255,10 @@ def paged_decode_attention(
     counters = _fold_counters(q.device, batch * num_kv_heads) if fold else seq_lens  # seq_lens: never used
 
     offsets_64 = _needs_int64_offsets(k_cache, v_cache)
-    if _gluon_decode(q.device, q.dtype, k_cache.dtype, head_dim, group, _gluon_caches_aligned(k_cache, v_cache)):
-        _launch_gluon_decode(q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, counters,
-                             k_scale, v_scale, scale, num_splits, split=split, fold=fold, pdl=pdl,
+    if _gluon_decode(policy, q.device, q.dtype, k_cache.dtype, head_dim, group,
+                     _gluon_caches_aligned(k_cache, v_cache)):
+        _launch_gluon_decode(policy, q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
+                             counters, k_scale, v_scale, scale, num_splits, split=split, fold=fold, pdl=pdl,
                              offsets_64=offsets_64)
     else:
         _decode_kernel[(batch, num_kv_heads, num_splits)](
@@ -316,10 +271,10 @@ def paged_decode_attention(
             GROUP=group,
             GROUP_PAD=max(_MIN_DOT, triton.next_power_of_2(group)),
             BLOCK_SIZE=block_size,
-            TILE_N=_decode_tile(fp8, wide),
+            TILE_N=_decode_tile(policy, fp8, wide),
             HEAD_DIM=head_dim,
             SPLIT=split,
-            TILE_ALIGN=_TILE_N,
+            TILE_ALIGN=policy.tile_n,
             KV_FP8=fp8,
             FP16_PRODUCTS=fp8 and q.dtype == torch.bfloat16,
             DOT_PRECISION=_dot_precision(q.dtype),
@@ -328,7 +283,7 @@ def paged_decode_attention(
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             FOLD=fold,
             PDL=pdl,
-            **_decode_launch_options(fp8, wide),
+            **_decode_launch_options(policy, fp8, wide),
         )  # fmt: skip
     if split and not fold:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -336,7 +291,7 @@ def paged_decode_attention(
             out.stride(0), out.stride(1),
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             HEAD_DIM=head_dim,
-            TILE_ALIGN=_TILE_N,
+            TILE_ALIGN=policy.tile_n,
             PDL=pdl,
             **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
@@ -375,30 +330,32 @@ def _has_pdl(device: torch.device) -> bool:
     return not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def _wide_decode(fp8: bool, split: bool, programs: int, device: torch.device) -> bool:
+def _wide_decode(policy: LaunchPolicy, fp8: bool, split: bool, programs: int, device: torch.device) -> bool:
     """Whether a decode launch of `programs` (seq, kv head) programs takes the wide fp8 settings: unsplit, and the
-    programs fill their waves of 1-warp programs to at least _DECODE_WIDE_MIN_WAVE_FILL."""
+    programs fill their waves of `policy.decode_wide_programs_per_sm_fp8` per SM to at least
+    `policy.decode_wide_min_wave_fill`."""
     if not fp8 or split or programs < 1:
         return False
-    slots = _DECODE_WIDE_PROGRAMS_PER_SM_FP8 * _sm_count(device)
+    slots = policy.decode_wide_programs_per_sm_fp8 * _sm_count(device)
     waves = -(-programs // slots)
-    return programs >= _DECODE_WIDE_MIN_WAVE_FILL * waves * slots
+    return programs >= policy.decode_wide_min_wave_fill * waves * slots
 
 
-def _decode_tile(fp8: bool, wide: bool) -> int:
+def _decode_tile(policy: LaunchPolicy, fp8: bool, wide: bool) -> int:
     """Keys per inner-loop step of a decode launch over a cache of that dtype (`wide`: `_wide_decode`)."""
     if not fp8:
-        return _TILE_N
-    return _DECODE_WIDE_TILE_N_FP8 if wide else _DECODE_TILE_N_FP8
+        return policy.tile_n
+    return policy.decode_wide_tile_n_fp8 if wide else policy.decode_tile_n_fp8
 
 
-def _decode_launch_options(fp8: bool, wide: bool) -> dict[str, int]:
-    """Triton launch options (warps, stages, register cap) of a decode launch over a cache of that dtype."""
+def _decode_launch_options(policy: LaunchPolicy, fp8: bool, wide: bool) -> dict[str, int]:
+    """Triton launch options (warps, stages, register cap) of a decode launch over a cache of that dtype. Wide
+    programs run at the compiler's register count (a cap of 168 spilled); the interpreter takes no cap."""
     if not fp8:
-        return {"num_warps": _DECODE_NUM_WARPS_16}
-    warps, maxnreg = ((_DECODE_WIDE_NUM_WARPS_FP8, _DECODE_WIDE_MAXNREG_FP8) if wide
-                      else (_DECODE_NUM_WARPS_FP8, _DECODE_MAXNREG_FP8))
-    options = {"num_warps": warps, "num_stages": _DECODE_NUM_STAGES_FP8}
-    if maxnreg and not INTERPRET:
-        options["maxnreg"] = maxnreg
+        return {"num_warps": policy.decode_num_warps_16}
+    if wide:
+        return {"num_warps": policy.decode_wide_num_warps_fp8, "num_stages": policy.decode_num_stages_fp8}
+    options = {"num_warps": policy.decode_num_warps_fp8, "num_stages": policy.decode_num_stages_fp8}
+    if policy.decode_maxnreg_fp8 and not INTERPRET:
+        options["maxnreg"] = policy.decode_maxnreg_fp8
     return options

@@ -1,5 +1,6 @@
 """Decode over an fp8 cache on sm_90: a Gluon kernel (explicit layouts), one warp a program, with the rules for
-which calls take it (`_gluon_decode`), its settings, its layouts and its launch (`_launch_gluon_decode`).
+which calls take it (`_gluon_decode`), its keys a step (`_gluon_decode_tile`), its layouts and its launch
+(`_launch_gluon_decode`).
 
 `decode.paged_decode_attention` dispatches here; the contract, math and split-KV partials are those of the Triton
 decode kernel (`decode._decode_kernel`), which runs every other call and, under the interpreter, this one's too.
@@ -8,19 +9,18 @@ The Triton kernel reads V's bytes one at a time from shared memory (P.V contract
 and Triton has no transposing 8-bit shared-memory load) and, with 4 warps, exchanges the row max and P between warps
 through shared memory every tile. This kernel controls its layouts (Gluon) and avoids both:
 - One warp a program (its own (seq, kv head, split)), so no cross-warp traffic at all.
-- K and V tiles travel by cp.async into a _GLUON_DECODE_STAGES-deep ring in shared memory and come back in 16-byte
-  loads, each lane reading exactly what its mma fragments need. That works because the dot products may permute
+- K and V tiles travel by cp.async into a `LaunchPolicy.gluon_stages`-deep ring in shared memory and come back in
+  16-byte loads, each lane reading exactly what its mma fragments need. That works because the dot products may permute
   their contraction and output dims freely: a lane's B fragment of K^T covers logical dims 16i + 2c + {0, 1, 8, 9}
   (c = lane % 4), which are mapped to physical dims c*D/4 + 4i + {0..3} -- D/4 contiguous bytes per key (q is
   gathered with the same map); a lane's B fragment of V covers output dims g + 8u (g = lane // 4), mapped to
   physical g*D/8 + u -- D/8 contiguous bytes per key (the output store undoes it). The relabelings are
   reshape/permute (no data movement); the layout conversions into the mma operands move registers only.
 - S's accumulator feeds P's A operand in registers (the FlashAttention-2 layout identity).
-sm_90 SASS (scripts/decode-sass.py --gluon), per 32 keys: 16 LDGSTS.128, 16 LDS.128, 128 e4m3 -> fp16 conversions,
-64 HMMA and no byte loads, 658-682 instructions against the 4-warp Triton program's 4 x 1,196 per 128 keys (4,784).
-186-205 registers at 64 keys, no spills; at 16 keys 128 and a few spilled bytes (see _GLUON_DECODE_MAXNREG_WIDE).
 Triton's barrier insertion adds a bar.sync per ring step (a no-op cost for one warp; it also orders the ring's reuse
-of a stage). Each program holds one warp; rows >= GROUP of the 16-row mma are padding.
+of a stage). Each program holds one warp; rows >= GROUP of the 16-row mma are padding. A program's ring holds
+2 x stages x keys a step x head_dim bytes. Its machine code (scripts/decode-sass.py --gluon) and timings:
+docs/design/decode-attention-kernels.md.
 """
 
 from __future__ import annotations
@@ -35,40 +35,23 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from governor.kernels.elementwise import INTERPRET
+from governor.kernels.launch_policy import LaunchPolicy
 
 from .checks import FP8_KV_DTYPE
-from .splits import _PROGRAMS_PER_SM_FP8, _partition_size, _sm_count
-from .tiles import _LOG2E, _TILE_N, _fp16_range
+from .splits import _partition_size, _sm_count
+from .tiles import _LOG2E, _fp16_range
 
-# Keys a step per (one-warp) program, depth of its cp.async ring, register cap. A program's ring holds 2 x STAGES x
-# TILE_N x head_dim bytes: 48 KiB at 64 keys (4 programs per SM), 12 KiB at 16. Launches whose programs fit one wave
-# of 4 per SM (every split launch: their counts are chosen so, splits._PROGRAMS_PER_SM_FP8) take 64 keys, larger
-# ones 16. H200, bf16 q, 32:8 or 16:8 heads, us per decode in one process, from two runs
-# (docs/design/decode-attention-kernels.md), the landed choice against the other tiles: batch 32 at 4K (2 splits,
-# 512 programs) 83.3 against 86.9 at 32 keys (one run) and 99.7 at 16 (the other), at 32K 510 against 558 / 685;
-# batch 48 and 64 at 4K (384, 512 programs) 127.2 / 144.0 against 142.6 / 152.1 at 32 keys; batch 128 at 1,024 and
-# 160, 192, 256 at 612 (1,024-2,048 programs) 16 keys 79.2 / 67.6 / 75.9 / 98.2 against 79.9 / 86.0 / 95.2 / 103.1
-# at 32 and 94.5 / 90.9 / 94.7 / 121.8 at 64 (those two under a 168-register cap, at which the 64-key program
-# spills). 3 stages: 2 were slower (batch 256 at 1,024 175.8 us against 160.2), 4 the same. No register cap: ptxas
-# fits the 16-key program in 128 registers and spills 32-48 bytes; capped at 168 it takes 139 without spilling and
-# batch 128-192 ran 1-4% faster, but batch 256 at 612 / 1,024 115.1 / 179.6 us against 98.2 / 149.6 (the throughput
-# workload's decode).
-_GLUON_DECODE = True  # False: fp8 decode runs the Triton kernel everywhere (A/B settings)
-_GLUON_DECODE_TILE_N_NARROW = 64
-_GLUON_DECODE_TILE_N_WIDE = 16
-_GLUON_DECODE_STAGES = 3
-_GLUON_DECODE_MAXNREG_WIDE: int | None = None  # the 16-key launches' cap; None: ptxas's choice (A/B setting)
 _GLUON_HEAD_DIMS = (64, 128)  # the accumulator, 16 x head_dim fp32, lives in one warp's registers: 256 would spill
 
 
-def _gluon_decode(device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, group: int,
-                  caches_aligned: bool) -> bool:
-    """Whether a decode call takes the Gluon kernel: an fp8 cache, bf16/fp16 q, head_dim in _GLUON_HEAD_DIMS, at most
-    16 query heads a kv head (the mma's rows), caches whose K/V rows start 16-byte aligned (`_gluon_caches_aligned`:
-    its copies move 16 bytes; a narrower one does not compile), a CUDA device of compute capability 9.x (the only
-    kind it was measured and tested on; sm_100/120 have other shared-memory sizes), not under the interpreter (Gluon
-    has none: there the Triton kernel runs)."""
-    return (_GLUON_DECODE and not INTERPRET and kv_dtype == FP8_KV_DTYPE and device.type == "cuda"
+def _gluon_decode(policy: LaunchPolicy, device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                  head_dim: int, group: int, caches_aligned: bool) -> bool:
+    """Whether a decode call takes the Gluon kernel: `policy.gluon_decode`, an fp8 cache, bf16/fp16 q, head_dim in
+    _GLUON_HEAD_DIMS, at most 16 query heads a kv head (the mma's rows), caches whose K/V rows start 16-byte aligned
+    (`_gluon_caches_aligned`: its copies move 16 bytes; a narrower one does not compile), a CUDA device of compute
+    capability 9.x (the only kind it was measured and tested on; sm_100/120 have other shared-memory sizes), not under
+    the interpreter (Gluon has none: there the Triton kernel runs)."""
+    return (policy.gluon_decode and not INTERPRET and kv_dtype == FP8_KV_DTYPE and device.type == "cuda"
             and q_dtype in (torch.bfloat16, torch.float16) and head_dim in _GLUON_HEAD_DIMS and group <= 16
             and caches_aligned and torch.cuda.get_device_capability(device)[0] == 9)
 
@@ -78,23 +61,25 @@ def _gluon_caches_aligned(*caches: torch.Tensor) -> bool:
     return all(c.data_ptr() % 16 == 0 and all(s * c.element_size() % 16 == 0 for s in c.stride()[:3]) for c in caches)
 
 
-def _gluon_decode_tile(programs: int, device: torch.device) -> int:
-    """Keys a step of the Gluon decode kernel for a launch of `programs` programs (all splits counted)."""
-    fits_one_wave = programs <= _PROGRAMS_PER_SM_FP8 * _sm_count(device)
-    return _GLUON_DECODE_TILE_N_NARROW if fits_one_wave else _GLUON_DECODE_TILE_N_WIDE
+def _gluon_decode_tile(policy: LaunchPolicy, programs: int, device: torch.device) -> int:
+    """Keys a step of the Gluon decode kernel for a launch of `programs` programs (all splits counted): narrow where
+    they fit one wave of `policy.programs_per_sm_fp8` per SM, as every split launch does, else wide."""
+    fits_one_wave = programs <= policy.programs_per_sm_fp8 * _sm_count(device)
+    return policy.gluon_tile_n_narrow if fits_one_wave else policy.gluon_tile_n_wide
 
 
-def _launch_gluon_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         seq_lens: torch.Tensor, out: torch.Tensor, part_acc: torch.Tensor, part_m: torch.Tensor,
-                         part_l: torch.Tensor, counters: torch.Tensor, k_scale: torch.Tensor | None,
-                         v_scale: torch.Tensor | None, scale: float, num_splits: int, *, split: bool, fold: bool,
-                         pdl: bool, offsets_64: bool) -> None:
+def _launch_gluon_decode(policy: LaunchPolicy, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         block_tables: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, part_acc: torch.Tensor,
+                         part_m: torch.Tensor, part_l: torch.Tensor, counters: torch.Tensor,
+                         k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, scale: float, num_splits: int, *,
+                         split: bool, fold: bool, pdl: bool, offsets_64: bool) -> None:
     """`_gluon_decode_kernel` over (seq, kv head, split) for `decode.paged_decode_attention`, which has checked the
     arguments, asked `_gluon_decode`, and chosen the split count, the merge (`fold`, `pdl`) and the offset width."""
     batch, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    tile_n = _gluon_decode_tile(batch * num_kv_heads * num_splits, q.device)
+    tile_n = _gluon_decode_tile(policy, batch * num_kv_heads * num_splits, q.device)
+    maxnreg = policy.gluon_maxnreg_wide if tile_n == policy.gluon_tile_n_wide else None
     mma, a_op, b_op, k_load, v_load = _gluon_decode_layouts(tile_n, head_dim)
     _gluon_decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, counters, k_scale, v_scale,
@@ -103,11 +88,11 @@ def _launch_gluon_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_DIM=head_dim, STAGES=_GLUON_DECODE_STAGES, SPLIT=split, TILE_ALIGN=_TILE_N,
+        HEAD_DIM=head_dim, STAGES=policy.gluon_stages, SPLIT=split, TILE_ALIGN=policy.tile_n,
         Q_BF16=q.dtype == torch.bfloat16, OFFSETS_64=offsets_64, FOLD=fold, PDL=pdl,
-        MMA=mma, A=a_op, B=b_op, KL=k_load, VL=v_load, num_warps=1,
-        **({"maxnreg": _GLUON_DECODE_MAXNREG_WIDE}
-           if tile_n == _GLUON_DECODE_TILE_N_WIDE and _GLUON_DECODE_MAXNREG_WIDE else {}),
+        MMA=mma, A=a_op, B=b_op, KL=k_load, VL=v_load,
+        num_warps=1,  # not a setting: the layouts (`_gluon_decode_layouts`) are one warp's
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )  # fmt: skip
 
 

@@ -11,17 +11,9 @@ import triton
 import triton.language as tl
 
 from governor.kernels.elementwise import INTERPRET, rms_norm_ref, rms_rstd, rms_scale, rotate, rotate_ref, triton_usable
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 from .checks import FP8_MAX, _check_cache, _require_pow2_head_dim
-
-# Warps of a rotary_write_kv program (one per token and head). With per-head RMSNorms (Qwen3) and at most
-# _ROTARY_ONE_WARP_MAX_TOKENS tokens, one: the norm's sum over head_dim then stays in one warp (no shared-memory round
-# trip). H200, qwen3-0.6b shape, in a CUDA graph: 256 tokens 6.57 -> 4.93 us per launch with an fp8 cache, 6.52 ->
-# 5.06 with bf16, 1 and 32 tokens equal or faster. Larger launches (prefill chunks) were not measured and keep 4, as
-# do launches without norms (llama3-8b shape: 1 warp 1-3% slower; docs/design/decode-attention-kernels.md).
-_ROTARY_NUM_WARPS = 4
-_ROTARY_QK_NORM_NUM_WARPS = 1
-_ROTARY_ONE_WARP_MAX_TOKENS = 256
 
 
 def write_kv_ref(
@@ -282,10 +274,12 @@ def rotary_write_kv(
     eps: float = 0.0,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    policy: LaunchPolicy | None = None,
 ) -> torch.Tensor:
     """`rotary_write_kv_ref` in one kernel, without a host sync (CUDA-graph safe). The rotated q is written
     into qkv in place and returned as a view [T, Hq, D]; k in qkv is left unrotated. Same rounding as the
-    reference (`elementwise` module docstring); the cache bytes equal `write_kv`'s for the same k and v."""
+    reference (`elementwise` module docstring); the cache bytes equal `write_kv`'s for the same k and v.
+    `policy`: the launch settings (None: the device's)."""
     if not triton_usable(qkv):
         q = _qkv_views(qkv, num_heads, k_cache)[0]
         return q.copy_(rotary_write_kv_ref(qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
@@ -303,6 +297,10 @@ def rotary_write_kv(
         raise ValueError(f"rotary_write_kv: positions must be [{t}], got {tuple(positions.shape)}")
     if t == 0:
         return q
+    if policy is None:
+        policy = policy_for(qkv.device)
+    # One warp keeps a per-head norm's sum in the warp; measured up to rotary_one_warp_max_tokens tokens.
+    one_warp = q_norm is not None and t <= policy.rotary_one_warp_max_tokens
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
     _rotary_write_kv_kernel[(t, num_heads + num_kv_heads)](
@@ -318,8 +316,7 @@ def rotary_write_kv(
         QK_NORM=q_norm is not None,
         FP8=fp8,
         INTERPRET=INTERPRET,
-        num_warps=_ROTARY_QK_NORM_NUM_WARPS if q_norm is not None and t <= _ROTARY_ONE_WARP_MAX_TOKENS
-        else _ROTARY_NUM_WARPS,
+        num_warps=policy.rotary_qk_norm_num_warps if one_warp else policy.rotary_num_warps,
     )  # fmt: skip
     return q
 

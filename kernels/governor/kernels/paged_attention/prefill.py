@@ -12,11 +12,10 @@ import triton
 import triton.language as tl
 
 from governor.kernels.elementwise import INTERPRET
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 from .checks import FP8_KV_DTYPE, _check_attention_args, _check_out, _needs_int64_offsets, _require_triton
-from .tiles import _LOG2E, _MIN_DOT, _TILE_N, _attend_range, _dot_precision
-
-_PREFILL_BLOCK_M = 64  # (query token, group head) rows per prefill program
+from .tiles import _LOG2E, _MIN_DOT, _attend_range, _dot_precision
 
 
 @triton.jit
@@ -118,13 +117,14 @@ def paged_prefill_attention(
     *,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    policy: LaunchPolicy | None = None,
 ) -> torch.Tensor:
     """Causal attention of varlen queries over a paged KV cache: q [T, Hq, D] -> [T, Hq, D].
 
     The queries of sequence i are its last `q_len_i` context tokens (chunked prefill over a cached
     prefix, a whole prompt, or a single decode token). `max_query_len` must be >= every q_len_i
     (it sizes the grid; a host int so no sync). `k_scale`/`v_scale`: float32 [num_kv_heads],
-    required with an fp8 cache (package docstring).
+    required with an fp8 cache (package docstring). `policy`: the launch settings (None: the device's).
     """
     num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     _require_triton(q, "paged_prefill_attention")
@@ -138,9 +138,11 @@ def paged_prefill_attention(
     out = _check_out(out, q)
     if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
         return out
+    if policy is None:
+        policy = policy_for(q.device)
     group = num_q_heads // num_kv_heads
     # Pack enough query tokens to fill BLOCK_M rows; a group wider than BLOCK_M gets one token.
-    block_q = max(1, _PREFILL_BLOCK_M // group)
+    block_q = max(1, policy.prefill_block_m // group)
     block_m = max(_MIN_DOT, triton.next_power_of_2(block_q * group))
     grid = (triton.cdiv(max_query_len, block_q), num_seqs, num_kv_heads)
     fp8 = k_cache.dtype == FP8_KV_DTYPE
@@ -155,7 +157,7 @@ def paged_prefill_attention(
         BLOCK_Q=block_q,
         BLOCK_M=block_m,
         BLOCK_SIZE=k_cache.shape[1],
-        TILE_N=_TILE_N,
+        TILE_N=policy.tile_n,
         HEAD_DIM=head_dim,
         KV_FP8=fp8,
         DOT_PRECISION=_dot_precision(q.dtype),

@@ -12,21 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import _TILE_N
-
-# Split-KV heuristic: split a decode batch whose (seq, kv head) programs fill too few SMs.
-# Splits are chosen from the context bound so that a bound-long context gets partitions of >= 512 tokens
-# (smaller ones cost more in the reduce than they gain); a shorter sequence's own partitions are smaller.
-_SPLIT_MIN_PARTITION = 512
-_SPLIT_MAX = 64
-# Target programs per SM, over a 16-bit cache and over an fp8 one. For 16-bit, 3 instead of 4 splits batch 32 x 8
-# kv heads two ways (512 programs, one wave of 4 per SM) instead of three (768): on an H200, 78% -> 90% of the copy
-# bandwidth at 4K, 89% -> 104% at 32K, batch 16 at 8K 69% -> 90% (docs/design/decode-attention-kernels.md). For
-# fp8, 4 is the occupancy of the capped program (`decode._DECODE_MAXNREG_FP8`), and the split count rounds down so
-# the programs fit one wave of it (batch 32 x 8 kv heads: 2 splits, 512 programs on 528 slots; rounding up gave 3,
-# 1.45 waves).
-_PROGRAMS_PER_SM = 3
-_PROGRAMS_PER_SM_FP8 = 4
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 
 @triton.jit
@@ -38,17 +24,20 @@ def _partition_size(seq_len, num_splits, TILE_ALIGN: tl.constexpr):
 
 
 def decode_num_splits(programs: int, context_bound: int, device: torch.device, num_splits: int | None = None,
-                      fp8: bool = False) -> int:
+                      fp8: bool = False, *, policy: LaunchPolicy | None = None) -> int:
     """The split-KV partitions the decode kernel runs for `programs` (sequence, KV head) pairs over contexts of
     at most `context_bound` tokens: `num_splits` (default: the automatic choice), less any split that would
-    be empty for a `context_bound`-token sequence once partitions are whole _TILE_N tiles. Each sequence's
+    be empty for a `context_bound`-token sequence once partitions are whole `policy.tile_n` tiles. Each sequence's
     partitions are sized from its own length (`_partition_size`), so a shorter one spreads over every split
-    in smaller partitions. `fp8`: the cache is fp8 (its program has its own target per SM)."""
+    in smaller partitions. `fp8`: the cache is fp8 (its program has its own target per SM). `policy`: the launch
+    settings (None: the device's)."""
+    if policy is None:
+        policy = policy_for(device)
     if num_splits is None:
-        num_splits = _choose_num_splits(programs, context_bound, device, fp8)
+        num_splits = _choose_num_splits(policy, programs, context_bound, device, fp8)
     if num_splits < 1:
         raise ValueError(f"paged_decode_attention: num_splits must be >= 1, got {num_splits}")
-    partition_size = _round_up(-(-context_bound // num_splits), _TILE_N)
+    partition_size = _round_up(-(-context_bound // num_splits), policy.tile_n)
     return -(-context_bound // partition_size)
 
 
@@ -57,14 +46,15 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def _choose_num_splits(num_programs: int, context_bound: int, device: torch.device, fp8: bool = False) -> int:
+def _choose_num_splits(policy: LaunchPolicy, num_programs: int, context_bound: int, device: torch.device,
+                       fp8: bool = False) -> int:
     """Split until the (seq, kv head, split) grid fills the GPU, keeping a context_bound-long sequence's
-    partitions >= _SPLIT_MIN_PARTITION tokens."""
-    slots = (_PROGRAMS_PER_SM_FP8 if fp8 else _PROGRAMS_PER_SM) * _sm_count(device)
+    partitions >= policy.split_min_partition tokens."""
+    slots = (policy.programs_per_sm_fp8 if fp8 else policy.programs_per_sm) * _sm_count(device)
     # fp8: as many splits as fit one wave (at least one); 16-bit: enough to fill the target.
     wanted = max(1, slots // num_programs) if fp8 else -(-slots // num_programs)
-    by_length = context_bound // _SPLIT_MIN_PARTITION
-    return max(1, min(wanted, by_length, _SPLIT_MAX))
+    by_length = context_bound // policy.split_min_partition
+    return max(1, min(wanted, by_length, policy.split_max))
 
 
 def _round_up(x: int, multiple: int) -> int:

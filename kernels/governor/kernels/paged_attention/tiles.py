@@ -1,4 +1,4 @@
-"""The online-softmax inner loop the Triton attention kernels share, and the tile constants it runs on.
+"""The online-softmax inner loop the Triton attention kernels share, and the tile floor it needs.
 
 `_attend_tile` attends one tile of keys, gathered through a block table, against a block of query rows and folds it
 into the running (max, sum, accumulator); `_attend_range` steps it over a key range. The decode kernel (`decode`) and
@@ -14,8 +14,8 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634  # softmax runs in the log2 domain: the kernels take scale * log2(e)
 
-# Tile sizes. tl.dot needs every dimension >= 16 on GPU, hence the floors the launchers apply with _MIN_DOT.
-_TILE_N = 64  # keys per inner-loop step, independent of block_size (tokens are gathered per key)
+# tl.dot needs every dimension >= 16 on GPU (a hardware requirement, not a choice): the launchers pad query rows to it.
+# The key tile is a launch setting (`LaunchPolicy.tile_n`), independent of block_size (tokens are gathered per key).
 _MIN_DOT = 16
 
 

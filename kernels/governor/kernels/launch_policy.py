@@ -1,0 +1,127 @@
+"""The kernels' launch settings as data: `LaunchPolicy`, the policies by GPU architecture, and `policy_for(device)`.
+
+Every launcher takes a `policy` (None: its device's, `policy_for`) and reads its tile sizes, warps, stages, register
+caps and its split, width and merge rules from it; nothing else about a launch is tunable. A caller that runs many
+launches (the engine's attention) picks its device's policy once and passes it on; a test or an A/B script chooses
+another with `dataclasses.replace(policy, field=value)`. The measurements behind each value are in
+docs/design/decode-attention-kernels.md (attention, rotary) and docs/design/gemv.md (GEMV).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+
+class GemvConfig(NamedTuple):
+    """One `gemv` launch shape."""
+
+    # Output columns (rows of w) per program.
+    block_n: int
+    # Reduction columns per loop step.
+    block_k: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class LaunchPolicy:
+    """Every tunable launch setting of the Triton and Gluon kernels: one field each, above it why it has its value."""
+
+    # --- Paged attention: the Triton kernels' key tile and split-KV (`paged_attention.splits`).
+    # Keys a step of the 16-bit decode and of the prefill loop (32 KiB of bf16 K/V); split-KV partitions are whole
+    # multiples of it.
+    tile_n: int = 64
+    # Shortest partition of a context_bound-long context: shorter ones cost more in the merge than they gain.
+    split_min_partition: int = 512
+    # Most splits a launch runs: the merge holds all of a row's partials at once.
+    split_max: int = 64
+    # Programs per SM a 16-bit split count aims at (rounded up): 3, not 4, splits batch 32 x 8 kv heads 2 ways, one
+    # wave: 78% -> 90% of the copy at 4K.
+    programs_per_sm: int = 3
+    # The same over an fp8 cache, rounded down to fit one wave: the register-capped Triton program's occupancy.
+    programs_per_sm_fp8: int = 4
+
+    # --- The Triton decode kernel (`paged_attention.decode`). Wide launches: unsplit fp8 ones that fill their waves
+    # of 1-warp programs (`decode._wide_decode`); narrow: every other fp8 launch.
+    # Warps of a 16-bit program: 8 helped at 4K and lost at batch 256 (H100).
+    decode_num_warps_16: int = 4
+    # Keys a step of a narrow fp8 program, the bytes of 16-bit's 64: 66% -> 79% of the copy at batch 256 (H100).
+    decode_tile_n_fp8: int = 128
+    # Warps of a narrow fp8 program: 4 beat 8 at every fp8 shape measured.
+    decode_num_warps_fp8: int = 4
+    # Stages of every fp8 launch: 1-2% faster than Triton's 3 at every fp8 shape (16-bit keeps 3: 2 lost 5-8%).
+    decode_num_stages_fp8: int = 2
+    # Register cap of a narrow fp8 program: 4 programs a SM instead of 3 (168 registers uncapped), which the fp8
+    # split counts fill in one wave.
+    decode_maxnreg_fp8: int | None = 128
+    # Warps of a wide program: one warp owns the whole tile, with no cross-warp max, sum or P exchange.
+    decode_wide_num_warps_fp8: int = 1
+    # Keys a step of a wide program: 32 keys were 5-7% slower at batch 256.
+    decode_wide_tile_n_fp8: int = 64
+    # Wide programs a SM in a wave: the measured times step in waves of about 8.
+    decode_wide_programs_per_sm_fp8: int = 8
+    # Least fill of those waves for a launch to go wide: 2-4% faster at 97%, 17-86% slower at 36-73%.
+    decode_wide_min_wave_fill: float = 0.9
+    # Most splits merged inside the decode kernel (no second kernel): one program merging 47-64 partials was slower.
+    decode_fold_max_splits: int = 8
+    # Whether the reduce kernel runs under programmatic dependent launch where the GPU has it: 1.3-2.4 us a call.
+    decode_reduce_pdl: bool = True
+
+    # --- The Gluon fp8 decode kernel (`paged_attention.gluon_decode`).
+    # Whether fp8 decode takes the Gluon kernel where it can (`_gluon_decode`): 43-45% fewer instructions a key.
+    gluon_decode: bool = True
+    # Keys a step where the programs fit one wave of programs_per_sm_fp8 a SM (every split launch): beat 32.
+    gluon_tile_n_narrow: int = 64
+    # Keys a step of larger launches: beat 32 and 64 at 1,024-2,048 programs.
+    gluon_tile_n_wide: int = 16
+    # Depth of the cp.async ring: 2 stages were slower, 4 the same.
+    gluon_stages: int = 3
+    # Register cap of the 16-key program (None: ptxas's 128): a cap of 168 lost 17-20% at batch 256.
+    gluon_maxnreg_wide: int | None = None
+
+    # --- Prefill (`paged_attention.prefill`).
+    # (query token, group head) rows a program packs, so each K/V tile it reads serves all of them.
+    prefill_block_m: int = 64
+
+    # --- rotary_write_kv (`paged_attention.kv_write`).
+    # Warps of a program without per-head norms (1 warp was 1-3% slower, llama3-8b) or over more tokens than below.
+    rotary_num_warps: int = 4
+    # Warps with per-head q/k RMSNorms (Qwen3): the norm's sum stays in a warp, 6.57 -> 4.93 us at 256 tokens.
+    rotary_qk_norm_num_warps: int = 1
+    # Most tokens a call takes on one warp: the largest call measured so (prefill chunks were not).
+    rotary_one_warp_max_tokens: int = 256
+
+    # --- gemv.
+    # The fastest single configuration over a llama3-8b layer on an H100 and an H200 (docs/design/gemv.md).
+    gemv: GemvConfig = GemvConfig(block_n=4, block_k=2048, num_warps=4)  # noqa: RUF009 (a tuple: immutable)
+
+    # --- Elementwise kernels (`elementwise`).
+    # Columns a SiLU·mul program covers: 8 values a thread of Triton's default 4 warps.
+    silu_block: int = 1024
+    # Values per warp of a row norm (add_rms_norm), a few a thread: hidden 4096 gets 8 warps, 16 values each.
+    row_values_per_warp: int = 512
+    # Most warps of a row norm program.
+    row_max_warps: int = 16
+
+
+DEFAULT_POLICY = LaunchPolicy()
+# Policies by architecture ("sm_90": CUDA compute capability 9.0); any other device, the CPU (the interpreter)
+# included, runs "default". Every setting was measured on sm_90 (H100, H200), so no architecture has its own yet.
+POLICIES: dict[str, LaunchPolicy] = {"default": DEFAULT_POLICY}
+
+
+def policy_for_arch(arch: str) -> LaunchPolicy:
+    """The policy of an architecture named as in POLICIES (e.g. "sm_90"), or the default one."""
+    return POLICIES.get(arch, POLICIES["default"])
+
+
+@functools.cache
+def policy_for(device: torch.device) -> LaunchPolicy:
+    """The launch policy of `device`'s architecture (looked up once per device)."""
+    if device.type != "cuda":
+        return policy_for_arch(device.type)
+    major, minor = torch.cuda.get_device_capability(device)
+    return policy_for_arch(f"sm_{major}{minor}")
