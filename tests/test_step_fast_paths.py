@@ -104,7 +104,7 @@ def test_a_stop_token_that_is_also_eos_reports_itself_as_the_stop_reason(llm: LL
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     prompt = mixed_prompts(1, seed=23)[0]
     free = llm.generate([prompt], greedy(8))[0].outputs[0].token_ids
-    monkeypatch.setattr(llm.engine, "eos_token_ids", frozenset({free[2]}))
+    monkeypatch.setattr(llm.engine.inputs, "eos_token_ids", frozenset({free[2]}))
     both = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[free[2]]))[0]
     eos = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8))[0]
     ignored = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]

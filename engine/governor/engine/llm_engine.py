@@ -15,19 +15,15 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from governor.engine import intake
 from governor.engine.config import EngineConfig, Knobs
-from governor.engine.detokenizer import IncrementalDetokenizer
 from governor.engine.executor import ModelExecutor, resolve_worker_spec
-from governor.engine.intake import Prompt
-from governor.engine.kv.block_hash import identity_seed
+from governor.engine.intake import InputProcessor, Prompt
 from governor.engine.kv.kv_manager import KVManager
-from governor.engine.logits_processing import LogitsProcessor, needs_processing
 from governor.engine.models.checkpoint import model_digest, tokenizer_digest
 from governor.engine.models.model_config import load_model_config
 from governor.engine.outputs import RequestOutput, StepResult, TokenEvent
 from governor.engine.request_state import RequestState
-from governor.engine.sampler import argmax_only, greedy_tokens, sample
+from governor.engine.sampler import greedy_tokens, sample
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence, SequenceStatus
@@ -62,8 +58,6 @@ class LLMEngine:
     """One model on one device, or split over `tensor_parallel_size` devices (one process per rank: this
     one is rank 0 and runs everything but the other shards' forward): requests in, finished outputs out,
     one `step()` at a time. `close()` stops the tensor-parallel workers."""
-
-    _structured_outputs: StructuredOutputs | None = None  # `structured_outputs()`, once a structured request came
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -102,7 +96,9 @@ class LLMEngine:
             raise
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
-        self.eos_token_ids = frozenset(mc.eos_token_ids)
+        identity = (self.model_digest, self.tokenizer_digest, str(self.kv_dtype))
+        self.inputs = InputProcessor(self.tokenizer, mc.vocab_size, self.max_model_len, frozenset(mc.eos_token_ids),
+                                     identity if config.enable_prefix_caching else None, self.device)
         self._requests: dict[str, RequestState] = {}
         # Invariant: how many requests in _requests are not argmax_only. While none is, a step without
         # drafts samples with one argmax and no per-row work (`_sample`).
@@ -129,21 +125,14 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def cache_seed(self, cache_salt: str | None) -> bytes:
-        """Seed of a request's block-hash chain: what produced the KV, plus the tenant's salt."""
-        return identity_seed(self.model_digest, self.tokenizer_digest, "", str(self.kv_dtype), cache_salt)
-
-    def prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        """(text, token ids) of a prompt given as a string, token ids, or {"prompt"/"prompt_token_ids": ...}."""
-        return intake.prompt_token_ids(prompt, self.tokenizer)
-
     def validate_request(self, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int], int]:
-        """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid (an
-        output constraint is compiled here: a bad schema, regex or grammar fails before anything is queued)."""
-        if params.structured_outputs is not None:
-            self.structured_outputs().compile(params.structured_outputs)
-        return intake.validate_request(prompt, params, self.tokenizer, self.model_config.vocab_size,
-                                       self.max_model_len)
+        """(prompt text, prompt token ids, max_tokens) of a request; ValueError with the reason if invalid
+        (`InputProcessor.validate`)."""
+        return self.inputs.validate(prompt, params)
+
+    def structured_outputs(self) -> StructuredOutputs:
+        """The grammar compiler (`InputProcessor.structured_outputs`)."""
+        return self.inputs.structured_outputs()
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams, *, stream_text: bool = False,
                     timeout_s: float | None = None, cache_salt: str | None = None,
@@ -160,55 +149,15 @@ class LLMEngine:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s}")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        text, ids, max_tokens = self.validate_request(prompt, params)
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed)
-        seq = Sequence(request_id, next(self._arrivals), ids, params, max_tokens, generator=generator)
         sibling = self._requests.get(share_prompt_of) if share_prompt_of is not None else None
-        if sibling is not None and sibling.seq.prompt_token_ids == ids:
-            seq.prompt_source = sibling.seq
-        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
-            cache_salt = str(prompt["cache_salt"])
-        if self.config.enable_prefix_caching:
-            seq.cache_seed = self.cache_seed(cache_salt)
-        now = time.monotonic()
-        detok = None
-        stop_strings = params.stop_strings
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        grammar = None
-        if params.structured_outputs is not None:  # an invalid schema, regex or grammar is a ValueError here
-            grammar = self.structured_outputs().matcher(params.structured_outputs)
-        if needs_processing(params):
-            seq.logits_processor = LogitsProcessor(params, seq.prompt_token_ids, seq.output_token_ids,
-                                                   sorted(stop_ids), grammar)
-        # A grammar's end token, a special token, stays out of the text: skipped by the decode, or not added to
-        # the detokenizer's text when special tokens are kept (`RequestState.append`).
-        if stream_text or stop_strings or (grammar is not None and not params.skip_special_tokens):
-            detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-        req = RequestState(seq, text, now, stop_ids, stop_strings, min(max_tokens, self.max_model_len - len(ids)),
-                           argmax_only(params), detok, min_tokens=params.min_tokens,
-                           include_stop_str=params.include_stop_str_in_output, grammar=grammar)
+        req = self.inputs.request(request_id, next(self._arrivals), prompt, params, stream_text=stream_text,
+                                  cache_salt=cache_salt, prompt_source=sibling.seq if sibling is not None else None)
         self._requests[request_id] = req
         self._num_not_argmax += not req.argmax_only
         if timeout_s:
-            self._deadlines[request_id] = now + timeout_s
-        self.scheduler.add(seq)
-        self.counters["prompt_tokens"] += len(ids)
-
-    def structured_outputs(self) -> StructuredOutputs:
-        """The engine's grammar compiler, created at the first structured request with the engine's tokenizer and
-        the model's vocabulary (the logits' width). A grammar ends on the model's EOS ids that are special tokens
-        (one that is also text, such as a byte, would be lost to the output's text); none: the tokenizer's EOS."""
-        if self._structured_outputs is None:
-            from governor.engine.structured import StructuredOutputs
-
-            special = set(self.tokenizer.all_special_ids)
-            stops = sorted(t for t in self.eos_token_ids if t in special)
-            self._structured_outputs = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
-                                                         stop_token_ids=stops or None)
-        return self._structured_outputs
+            self._deadlines[request_id] = req.arrival + timeout_s
+        self.scheduler.add(req.seq)
+        self.counters["prompt_tokens"] += req.seq.num_prompt_tokens
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -25,6 +25,7 @@ from governor.engine.models.model_config import ModelConfig, RopeConfig
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
 from governor.kernels.gemv import gemv, gemv_usable
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 from governor.kernels.paged_attention import rotary_write_kv
 
 
@@ -32,10 +33,12 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> torch.Tensor:
-    """F.linear(x, w, bias); on the fused path a one-token step streams w through `gemv` instead."""
-    if fused and gemv_usable(x, w):
-        return gemv(x, w, bias)
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None
+           ) -> torch.Tensor:
+    """F.linear(x, w, bias); on the fused path (`kernels`: its launch policy) a one-token step streams w through
+    `gemv` instead."""
+    if kernels is not None and gemv_usable(x, w):
+        return gemv(x, w, bias, policy=kernels)
     return F.linear(x, w, bias)
 
 
@@ -48,11 +51,12 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return elementwise.rms_norm_ref(x, self.weight, self.eps)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None, fused: bool
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None, kernels: LaunchPolicy | None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual): in one Triton kernel when `fused`."""
-        add_norm = elementwise.add_rms_norm if fused else elementwise.add_rms_norm_ref
-        return add_norm(x, residual, self.weight, self.eps)
+        """(norm(x + residual), x + residual): in one Triton kernel on the fused path (`kernels`)."""
+        if kernels is None:
+            return elementwise.add_rms_norm_ref(x, residual, self.weight, self.eps)
+        return elementwise.add_rms_norm(x, residual, self.weight, self.eps, policy=kernels)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -124,18 +128,18 @@ class Attention(nn.Module):
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """`cos_sin`: the step's `Rotary.lookup` rows, or None for the fused path (Triton backend), where one
         kernel norms (Qwen3) and rotates q and k and writes k and v to the cache."""
-        fused = cos_sin is None and not self.observe
-        qkv = linear(x, self.qkv_weight, self.qkv_bias, fused)
-        if fused:
+        kernels = self.backend.policy if cos_sin is None and not self.observe else None
+        qkv = linear(x, self.qkv_weight, self.qkv_bias, kernels)
+        if kernels is not None:
             q = rotary_write_kv(qkv, positions, self.rotary.table, self.num_heads, *kv_cache, meta.slot_mapping,
                                 q_norm=None if self.q_norm is None else self.q_norm.weight,
                                 k_norm=None if self.k_norm is None else self.k_norm.weight,
                                 eps=0.0 if self.q_norm is None else self.q_norm.eps,
-                                k_scale=self.k_scale, v_scale=self.v_scale)
+                                k_scale=self.k_scale, v_scale=self.v_scale, policy=kernels)
             out = self.backend.attend(q, kv_cache, meta, self.k_scale, self.v_scale)
         else:
             out = self._unfused(qkv, self.rotary.lookup(positions) if cos_sin is None else cos_sin, kv_cache, meta)
-        return self.tp.all_reduce(linear(out.reshape(-1, self.q_size), self.o_weight, None, fused))
+        return self.tp.all_reduce(linear(out.reshape(-1, self.q_size), self.o_weight, None, kernels))
 
     def _unfused(self, qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                  meta: AttentionMetadata) -> torch.Tensor:
@@ -163,13 +167,14 @@ class MLP(nn.Module):
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, fused: bool) -> torch.Tensor:
-        gate_up = linear(x, self.gate_up_weight, None, fused)
-        if fused and gemv_usable(gate_up, self.down_weight):
-            down = gemv(gate_up, self.down_weight, silu_mul=True)  # SiLU·mul folded into the GEMV
+    def forward(self, x: torch.Tensor, kernels: LaunchPolicy | None) -> torch.Tensor:
+        gate_up = linear(x, self.gate_up_weight, None, kernels)
+        if kernels is None:
+            down = F.linear(elementwise.silu_mul_ref(gate_up), self.down_weight)
+        elif gemv_usable(gate_up, self.down_weight):
+            down = gemv(gate_up, self.down_weight, silu_mul=True, policy=kernels)  # SiLU·mul folded into the GEMV
         else:
-            silu_mul = elementwise.silu_mul if fused else elementwise.silu_mul_ref
-            down = F.linear(silu_mul(gate_up), self.down_weight)
+            down = F.linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight)
         return self.tp.all_reduce(down)
 
 
@@ -195,8 +200,13 @@ class CausalLM(nn.Module):
         self.cfg = cfg
         self.tp = tp
         # The Triton backend runs the fused elementwise kernels too (kernels.elementwise): one kernel for
-        # residual add + norm, one for rotary + KV write, one for SiLU·mul, where PyTorch runs several.
-        self.fused = backend.backend == "triton"
+        # residual add + norm, one for rotary + KV write, one for SiLU·mul, where PyTorch runs several. They and
+        # the attention kernels launch with one policy, the backend's (the device's unless it was given one).
+        self.kernels: LaunchPolicy | None = None
+        if backend.backend == "triton":
+            if backend.policy is None:
+                backend.policy = policy_for(device)
+            self.kernels = backend.policy
         self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, dtype, device)
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp, self.rotary)
@@ -212,16 +222,16 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]."""
-        fused = self.fused
+        kernels = self.kernels
         h = F.embedding(input_ids, self.embed_tokens)
-        cos_sin = None if fused else self.rotary.lookup(positions)  # gathered once for every layer
+        cos_sin = None if kernels is not None else self.rotary.lookup(positions)  # gathered once for every layer
         residual: torch.Tensor | None = None  # the residual stream; h is the last block's output
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            x, residual = layer.input_layernorm.add_forward(h, residual, fused)
+            x, residual = layer.input_layernorm.add_forward(h, residual, kernels)
             h = layer.self_attn(x, positions, cos_sin, kv_cache, meta)
-            x, residual = layer.post_attention_layernorm.add_forward(h, residual, fused)
-            h = layer.mlp(x, fused)
-        return self.norm.add_forward(h, residual, fused)[0]
+            x, residual = layer.post_attention_layernorm.add_forward(h, residual, kernels)
+            h = layer.mlp(x, kernels)
+        return self.norm.add_forward(h, residual, kernels)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
@@ -231,7 +241,7 @@ class CausalLM(nn.Module):
         if self.lm_head is None:
             raise RuntimeError("this model was built without lm_head (a tensor-parallel worker): it computes "
                                "no logits")
-        logits = linear(hidden, self.lm_head, None, self.fused)
+        logits = linear(hidden, self.lm_head, None, self.kernels)
         return logits.float() if fp32 else logits
 
     @torch.inference_mode()
