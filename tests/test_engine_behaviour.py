@@ -12,7 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from governor import contract
 from governor.engine import LLM, SamplingParams
+from governor.engine.config import Knobs
 from governor.engine.models.checkpoint import model_digest
 from governor.engine.models.model_config import UnsupportedModelError, load_model_config
 from tests.test_engine_parity import greedy, mixed_prompts
@@ -26,6 +28,13 @@ def qwen3(hf_checkpoint) -> Path:
 @pytest.fixture(scope="module")
 def llm(qwen3: Path) -> LLM:
     return LLM(str(qwen3), dtype="float32", max_model_len=256)
+
+
+def test_the_engines_knobs_are_the_contracts(llm: LLM) -> None:
+    """The engine declares its live knobs once (config.Knobs); the operator and tuner know them by the contract."""
+    assert tuple(Knobs.model_fields) == contract.KNOB_NAMES
+    assert tuple(llm.engine.knob_caps()) == contract.KNOB_NAMES
+    assert tuple(llm.engine.knobs.model_dump()) == contract.KNOB_NAMES
 
 
 # --- invariance -------------------------------------------------------------------------------
