@@ -18,6 +18,7 @@ from governor.operator import api
 from governor.operator.api import InferenceServiceSpec, duration_seconds, parse_model_uri
 from governor.operator.crds import FILENAME, crd_manifest, render
 from governor.operator.validation import FieldError, parse_spec, validate_spec
+from governor.tuner import policy
 from tests.crd_admission import apply_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,8 +139,14 @@ def test_rollback_trigger_defaults() -> None:
 
 
 def test_knob_field_names_are_the_contracts() -> None:
-    assert tuple(api.Knobs.model_fields) == contract.KNOB_NAMES
+    assert tuple(api.StartingKnobs.model_fields) == contract.KNOB_NAMES
     assert tuple(api.AutotuneBounds.model_fields) == contract.KNOB_NAMES
+
+
+def test_every_other_declaration_of_the_knob_names_is_the_contracts() -> None:
+    assert contract.KNOB_NAMES == ("max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens")
+    assert tuple(contract.KnobsState.model_fields) == (*contract.KNOB_NAMES, "bounds")
+    assert (policy.MAX_NUM_SEQS, policy.MAX_NUM_BATCHED_TOKENS, policy.NUM_SPECULATIVE_TOKENS) == contract.KNOB_NAMES
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("2s", 2.0), ("1m", 60.0), ("1.5m", 90.0),

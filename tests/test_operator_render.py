@@ -474,9 +474,9 @@ def test_speculation_depth_starts_from_the_configmap_like_the_other_knobs() -> N
 
 
 def test_only_objects_the_service_controls_are_applied_over() -> None:
-    """`check_controller` (reconcile.apply_child, ensure_admin_secret): a rendered child may replace only an
-    object its own InferenceService (same uid) controls; another service's, or one without a controller, is a
-    NameConflict naming who holds it."""
+    """`check_controller` (children.apply_child, and the plan for the admin Secret): a rendered child may replace
+    only an object its own InferenceService (same uid) controls; another service's, or one without a controller,
+    is a NameConflict naming who holds it."""
     from governor.operator.children import NameConflict, check_controller
 
     def ref(name: str, uid: str, controller: bool = True) -> dict[str, Any]:

@@ -9,13 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # --- live knobs -------------------------------------------------------------------------------
 
-KNOB_NAMES = ("max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens")
 ADMIN_KNOBS_PATH = "/admin/knobs"
 ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN"
 
 
 class KnobsUpdate(BaseModel):
-    """Body of PUT /admin/knobs: any subset of the knobs. Strict: `true` or `"4"` is not a knob value."""
+    """Body of PUT /admin/knobs: any subset of the knobs. Strict: `true` or `"4"` is not a knob value.
+
+    Its fields are where the knobs are named: `KNOB_NAMES` is read from them."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -28,13 +29,18 @@ class KnobsUpdate(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+KNOB_NAMES: tuple[str, ...] = tuple(KnobsUpdate.model_fields)
+"""The live knobs, in the order they are listed everywhere (flags, status, records)."""
+
+
 class KnobBound(BaseModel):
     min: int
     max: int
 
 
 class KnobsState(BaseModel):
-    """Body of GET /admin/knobs and of a successful PUT: effective values and the hard caps."""
+    """Body of GET /admin/knobs and of a successful PUT: effective values and the hard caps. Its knob fields are
+    `KNOB_NAMES`, in that order (a test holds them together)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int

@@ -178,7 +178,7 @@ class Speculative(Kube):
         "To turn speculation off, leave out `speculative`."))
 
 
-class Knobs(Kube):
+class StartingKnobs(Kube):
     """Starting values of the live knobs (the tuner may change them; tuned values live in status).
 
     Field names are `contract.KNOB_NAMES`, so `model_dump(exclude_none=True)` is a knob update."""
@@ -229,7 +229,7 @@ class EngineSpec(Kube):
                                                                        "tokens (default: the model's).")
     tensor_parallel_size: int = Field(default=1, ge=1, le=8, description=(
         "Ranks the model is split over, one GPU each; needs resources.gpus ≥ this size on GPU."))
-    knobs: Knobs = Field(default_factory=Knobs, json_schema_extra={"default": {}},
+    knobs: StartingKnobs = Field(default_factory=StartingKnobs, json_schema_extra={"default": {}},
                          description="Starting values of the live knobs.")
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list, max_length=64,

@@ -1,4 +1,5 @@
-"""kopf handlers for InferenceService: thin — fetch, call `reconcile`, patch status, post Events.
+"""kopf handlers for InferenceService: thin — fetch, call `reconcile` with the real cluster, patch status, post
+Events.
 
 Run with `governor operator [kopf run flags, e.g. -A or -n NS]` (standalone: no peering objects).
 Create, update and resume all reconcile; a timer reconciles every `GOVERNOR_RECONCILE_INTERVAL_S`
@@ -18,6 +19,7 @@ import kubernetes
 from governor.operator.analysis import PrometheusQuery, Query, no_prometheus
 from governor.operator.api import GROUP, PLURAL, VERSION
 from governor.operator.children import contains, delete_children
+from governor.operator.cluster import KubernetesApi
 from governor.operator.reconcile import reconcile
 from governor.operator.rollout import ACTION_ANNOTATION
 from governor.operator.tuning import DEFAULT_SCRAPE_INTERVAL_S, SCRAPE_INTERVAL_ENV, run_tuner
@@ -95,20 +97,20 @@ def _run(body: kopf.Body, logger: kopf.Logger) -> None:
         cmeta = current["metadata"]
         if cmeta.get("deletionTimestamp"):
             return  # being deleted: on_delete removes the children; a reconcile now would recreate them
-        outcome = reconcile(name, namespace, cmeta["uid"], int(cmeta.get("generation") or 1), current.get("spec"),
-                            current.get("status") or {}, cmeta.get("annotations") or {},
-                            pod_monitor=_pod_monitor_available(namespace), query=_query(),
-                            scrape_interval_s=_scrape_interval_s())
-        if not contains(current.get("status") or {}, outcome.status):
+        result = reconcile(KubernetesApi(), name, namespace, cmeta["uid"], int(cmeta.get("generation") or 1),
+                           current.get("spec"), current.get("status") or {}, cmeta.get("annotations") or {},
+                           pod_monitor=_pod_monitor_available(namespace), query=_query(),
+                           scrape_interval_s=_scrape_interval_s())
+        if not contains(current.get("status") or {}, result.status):
             # Only a changed status is written: a periodic pass over a settled service makes no write at all (each
             # write is a new resourceVersion, a watch event for every watcher, and a conflict for a concurrent
             # writer that tests the old resourceVersion, as kopf's own patches do).
             api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                      {"status": outcome.status})
-        if outcome.consumed_action:  # one-shot: the rollout's state in status remembers what it did
+                                                      {"status": result.status})
+        if result.consumed_action:  # one-shot: the rollout's state in status remembers what it did
             api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
                                                {"metadata": {"annotations": {ACTION_ANNOTATION: None}}})
-    for reason, message, type_ in outcome.events:
+    for reason, message, type_ in result.events:
         kopf.event(body, type=type_, reason=reason, message=message)
         logger.info("%s: %s", reason, message)
 
@@ -138,7 +140,7 @@ def on_delete(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
     no child is recreated after this and no status is written to an object on its way out."""
     meta = body["metadata"]
     with _lock(meta["uid"]):
-        removed = delete_children(meta["name"], meta["namespace"], meta["uid"])
+        removed = delete_children(KubernetesApi(), meta["name"], meta["namespace"], meta["uid"])
     logger.info("deleted children: %s", ", ".join(removed) or "none")
 
 

@@ -37,7 +37,7 @@ from governor.operator.api import RolloutStep, duration_seconds
 from governor.operator.traffic import REPLICAS, canary_replicas, canary_share
 
 ACTION_ANNOTATION = "governor.dev/rollout-action"
-ACTIONS = ("pause", "resume", "abort", "promote")
+ROLLOUT_ACTIONS = ("pause", "resume", "abort", "promote")
 
 PROGRESSING, PAUSED, PROMOTED, ROLLED_BACK, ABORTED = "Progressing", "Paused", "Promoted", "RolledBack", "Aborted"
 ACTIVE = (PROGRESSING, PAUSED)
@@ -152,8 +152,8 @@ def _ended(state: Rollout, phase: str, reason: str, message: str, now: float, **
 def advance(state: Rollout, steps: list[RolloutStep], replicas: int, *, action: str | None, canary_ready: bool,
             judgement: Judgement | None, now: float) -> tuple[Rollout, list[Transition]]:
     """One check of an active rollout. `action` is the rollout-action annotation (already validated against
-    `ACTIONS`, or None); `judgement` the triggers' verdicts, None when nothing was judged (no triggers, or the
-    canary not ready). Returns the new state and the transitions to report."""
+    `ROLLOUT_ACTIONS`, or None); `judgement` the triggers' verdicts, None when nothing was judged (no triggers, or
+    the canary not ready). Returns the new state and the transitions to report."""
     if not state.active:
         return state, []
     if action == "abort":

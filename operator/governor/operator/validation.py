@@ -23,7 +23,7 @@ from governor.operator.api import (
     AutotuneBounds,
     EngineSpec,
     InferenceServiceSpec,
-    Knobs,
+    StartingKnobs,
     duration_seconds,
     parse_model_uri,
 )
@@ -121,7 +121,7 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
             err(FieldError(f"spec.autotune.bounds.{wire}.min", f"{wire} cannot go below 1, got min {lo}"))
         start = getattr(engine.knobs, name)
         if start is not None and lo <= hi and not lo <= start <= hi:
-            err(FieldError(f"spec.engine.knobs.{_wire_name(Knobs, name)}",
+            err(FieldError(f"spec.engine.knobs.{_wire_name(StartingKnobs, name)}",
                            f"starting value {start} lies outside autotune.bounds.{wire} [{lo}, {hi}]"))
     k_range = bounds.get("num_speculative_tokens")
     k_cap = engine.speculative.num_speculative_tokens if engine.speculative is not None else None

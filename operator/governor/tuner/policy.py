@@ -54,7 +54,7 @@ class Bottleneck(str, Enum):
 
 
 # The remedy for each bottleneck: which knob, and which way (+1 up, -1 down).
-ACTIONS: dict[Bottleneck, tuple[str, int]] = {
+REMEDIES: dict[Bottleneck, tuple[str, int]] = {
     Bottleneck.KV_PRESSURE: (MAX_NUM_SEQS, -1),
     Bottleneck.QUEUEING: (MAX_NUM_SEQS, +1),
     Bottleneck.PREFILL_INTERFERENCE: (MAX_NUM_BATCHED_TOKENS, -1),
@@ -304,7 +304,7 @@ class Controller:
             self.hold = Hold.HOURLY_CAP
             return None
 
-        knob, direction = ACTIONS[found.bottleneck]
+        knob, direction = REMEDIES[found.bottleneck]
         current = signals.knobs[knob]
         target = step_knob(current, direction, self.step_factors[knob], self.bounds[knob])
         if target == current:
