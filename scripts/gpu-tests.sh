@@ -5,7 +5,7 @@
 # The operator's and tuner's test modules are left out: they need packages (kopf, fastapi, ...) that a GPU machine
 # set up for the engine may lack, and they have no GPU tests.
 set -uo pipefail
-. scripts/gpu-env.sh
+. benchmarks/lib/env.sh
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, \
 'transformers', transformers.__version__)" | tee -a "$RESULTS_DIR/gpu.txt"
 FILES=(tests/test_async_scheduling.py tests/test_bench_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py

@@ -1,4 +1,4 @@
-"""Print a summary of the results a deadline-driven GPU script gathered (scripts/gpu-*.sh):
+"""Print a summary of the results a deadline-driven GPU script gathered (benchmarks/*.sh):
 
     python3 scripts/summarize-gpu-results.py RESULTS_DIR
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Decode steps with CUDA graphs against eager mode on one GPU (docs/performance/step-overhead.md):
-#   bash scripts/gpu-graphs-vs-eager.sh        (or STAGE="tests", "latency", "profile"; results under RESULTS_DIR)
+#   bash benchmarks/graphs-vs-eager.sh        (or STAGE="tests", "latency", "profile"; results under RESULTS_DIR)
 # tests: the GPU tests of graphs against eager (and the engine's GPU tests, which now run with graphs).
 # latency: `governor bench latency` on a llama3-8b shape (random weights drawn on the GPU from a
 # config-only directory), 512-token context, batch 1/8/32, with CUDA graphs and with --enforce-eager;
@@ -15,7 +15,7 @@ if [ "${DRY:-0}" = 1 ]; then
   PRESET=tiny DEVICE=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1,2 --new-tokens 8)
   PROF=(--context 32 --steps 3 load_format=dummy device=cpu dtype=float32 max_model_len=256)
 else
-  . scripts/gpu-env.sh
+  . benchmarks/lib/env.sh
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', \
 triton.__version__)" | tee -a "$RESULTS_DIR/gpu.txt"
   PRESET=llama3-8b DEVICE=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
@@ -23,7 +23,7 @@ triton.__version__)" | tee -a "$RESULTS_DIR/gpu.txt"
 fi
 M=/tmp/gpu-graphs/$PRESET
 quiet() { grep -vE "Writing model shards|Loading|INFO governor.engine: (KV|model)" || true; }
-. "$(dirname "$0")/gpu-stages.sh"
+. benchmarks/lib/stages.sh
 
 tests() {
   timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider -rs --durations=8 \

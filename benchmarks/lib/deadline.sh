@@ -1,7 +1,8 @@
-# Sourced by the GPU scripts that run under one deadline (scripts/gpu-targets.sh, gpu-async-scheduling.sh,
-# gpu-gemv-ab.sh), after they set T0 (start, in $SECONDS), DEADLINE_S, RESULTS_DIR and R (the results folder, tarred
-# into $RESULTS_DIR/results.tgz after each stage). `stage NAME MAX_S MIN_S COMMAND...` runs a stage under min(MAX_S, time
-# left) and skips it when less than MIN_S is left; `run_py LOG ARGS...` runs python3 ARGS under that limit.
+# Sourced by the benchmark suites that run under one deadline (benchmarks/headline.sh, async-scheduling.sh,
+# gemv-ab.sh, peers.sh), after they set T0 (start, in $SECONDS), DEADLINE_S, RESULTS_DIR and R (the results folder,
+# tarred into $RESULTS_DIR/results.tgz after each stage). `stage NAME MAX_S MIN_S COMMAND...` runs a stage under
+# min(MAX_S, time left) and skips it when less than MIN_S is left; `run_py LOG ARGS...` runs python3 ARGS under that
+# limit.
 quiet() { grep -vE "Writing model shards|Loading|INFO governor|it/s\]|Warning: |generation flags" || true; }
 FAILED=()
 LIMIT=60

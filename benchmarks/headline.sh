@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The headline figures of docs/performance/README.md on one GPU (an H100 or H200):
-#   bash scripts/gpu-targets.sh        (results under RESULTS_DIR, default out/gpu: summary.txt, results.tgz)
+#   bash benchmarks/headline.sh        (results under RESULTS_DIR, default out/gpu: summary.txt, results.tgz)
 # 1. throughput: qwen3-0.6b shape, 256 prompts, input 100, output 1024, ignore_eos: the engine (defaults), then
 #    with an fp8 KV cache.
 # 2. hf-static: transformers generate on the same workload, static cache, batch 256 (the baseline).
@@ -13,14 +13,14 @@
 set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
-. scripts/gpu-prelude.sh /tmp/gpu-targets-dry
-. scripts/gpu-presets.sh
+. benchmarks/lib/prelude.sh /tmp/gpu-targets-dry
+. benchmarks/lib/presets.sh
 LM=/tmp/gpu-targets/llama-$L QM=/tmp/gpu-targets/qwen3-$Q R=/tmp/gpu-targets/results
 mkdir -p "$R"
 exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
 cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
 git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
-. scripts/gpu-deadline.sh
+. benchmarks/lib/deadline.sh
 models() {
   [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
     --no-weights --dtype bfloat16 || return 1

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Serving with and without async scheduling, alternated to separate the difference from run-to-run spread: four
-# `governor serve` processes of the llama3-8b shape (as scripts/gpu-serve-sweep.sh), in the order one step at a
+# `governor serve` processes of the llama3-8b shape (as benchmarks/serving-sweep.sh), in the order one step at a
 # time, async, one step at a time, async; against each, `governor bench serve` at concurrency 16 (96 prompts) and
 # 64 (256 prompts), twice each, 512-word prompts, 128 output tokens, every token timed, on one GPU:
-#   bash scripts/gpu-serve-async-ab.sh        (needs the serving wheels of scripts/gpu-serve-sweep.sh)
+#   bash benchmarks/serving-async-ab.sh        (needs the serving wheels of benchmarks/serving-sweep.sh)
 # DRY=1 checks the flow on CPU with the tiny preset.
 set -uo pipefail
 if [ "${DRY:-0}" = 1 ]; then
@@ -11,7 +11,7 @@ if [ "${DRY:-0}" = 1 ]; then
   export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1
   PRESET=tiny SERVE=(--device cpu --dtype float32 --max-model-len 256 --load-format dummy) IN=16 NEW_TOKENS=8 MK=()
 else
-  . scripts/gpu-env.sh >/dev/null
+  . benchmarks/lib/env.sh >/dev/null
   PRESET=llama3-8b SERVE=(--load-format dummy --dtype bfloat16 --max-model-len 4096) IN=512 NEW_TOKENS=128
   MK=(--dtype bfloat16)
 fi

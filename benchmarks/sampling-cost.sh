@@ -4,7 +4,7 @@
 # vocabulary: the widest mask) and the llama3-8b shape; then the CUDA tests of both features. Results under
 # RESULTS_DIR (default out/gpu); PRESETS="qwen3-0.6b:qwen3" for one shape.
 set -uo pipefail
-. scripts/gpu-env.sh
+. benchmarks/lib/env.sh
 for preset in ${PRESETS:-qwen3-0.6b:qwen3 llama3-8b:llama}; do
   name=${preset%%:*} arch=${preset##*:} M=/tmp/$name
   [ -f $M/config.json ] || python3 -m governor.engine make-model $M --arch $arch --preset $name --dtype bfloat16 \

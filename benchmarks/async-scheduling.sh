@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Async scheduling against one step at a time on one GPU:
-#   bash scripts/gpu-async-scheduling.sh        (results under RESULTS_DIR, default out/gpu)
+#   bash benchmarks/async-scheduling.sh        (results under RESULTS_DIR, default out/gpu)
 # 1. tests: the GPU tests of async scheduling, CUDA graphs and the engine (greedy tokens = transformers fp32),
 #    and the (CPU) test that the kernel warm-up leaves no trace.
 # 1b. compile-check: with an empty Triton cache, which kernels still compile once requests run after the engine
@@ -20,8 +20,8 @@
 set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
-. scripts/gpu-prelude.sh /tmp/gpu-async-dry
-. scripts/gpu-presets.sh
+. benchmarks/lib/prelude.sh /tmp/gpu-async-dry
+. benchmarks/lib/presets.sh
 if [ "${DRY:-0}" = 1 ]; then
   HOST=(--device cpu --batch 8 --prompt-len 16 --new-tokens 8 dtype=float32)
   CC=(device=cpu dtype=float32 max_model_len=1024 load_format=dummy)
@@ -34,7 +34,7 @@ mkdir -p "$R"
 exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
 cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
 git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
-. scripts/gpu-deadline.sh
+. benchmarks/lib/deadline.sh
 tests() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }
   run_py gpu-tests -m pytest -q -m gpu -p no:cacheprovider -rs --durations=5 tests/test_async_scheduling.py \

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The prefix cache, the fp8 KV cache and speculative decoding on one GPU (docs/performance/prefix-cache.md,
 # fp8-kv-cache.md, speculative-decoding.md), one stage or several per run:
-#   STAGE=tests|prefix|kv|spec|align bash scripts/gpu-prefix-kv-spec.sh   (default "tests prefix kv"; results under
+#   STAGE=tests|prefix|kv|spec|align bash benchmarks/prefix-kv-spec.sh   (default "tests prefix kv"; results under
 #   RESULTS_DIR, default out/gpu)
 set -uo pipefail
-. scripts/gpu-env.sh
+. benchmarks/lib/env.sh
 M=/tmp/llama3-8b
 make_8b() { [ -f $M/config.json ] || python3 -m governor.engine make-model $M --arch llama --preset llama3-8b \
   --dtype bfloat16 --device cuda 2>&1 | grep -v INFO; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Batch-1 decode of a base commit against this working tree, alternated on one GPU, with the one-row GEMV's sweep
 # against cuBLAS (docs/design/gemv.md), from a git checkout:
-#   BASE=<commit> bash scripts/gpu-gemv-ab.sh        (results under RESULTS_DIR, default out/gpu)
+#   BASE=<commit> bash benchmarks/gemv-ab.sh        (results under RESULTS_DIR, default out/gpu)
 # 1. tests: the GPU tests of the GEMV, the paged-attention kernels, CUDA graphs, the engine (greedy tokens
 #    = transformers fp32) and async scheduling (TESTS=0 skips them).
 # 2. sweep: scripts/gemv-sweep.py, the GEMV's launch configurations against cuBLAS on the llama3-8b decode
@@ -17,7 +17,7 @@
 set -uo pipefail
 T0=$SECONDS
 DEADLINE_S=${DEADLINE_S:-575}
-. scripts/gpu-prelude.sh /tmp/gpu-gemv-ab-dry
+. benchmarks/lib/prelude.sh /tmp/gpu-gemv-ab-dry
 if [ "${DRY:-0}" = 1 ]; then
   L=tiny Q=tiny
   LATDEV=(--device cpu --dtype float32 --max-model-len 256) LAT=(--context 32 --batches 1 --new-tokens 8)
@@ -34,7 +34,7 @@ NEW_TREE=$PWD
 mkdir -p "$R"
 exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
 cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
-. scripts/gpu-deadline.sh
+. benchmarks/lib/deadline.sh
 trees() {  # the base worktree, and the new one when NEW_ONLY names files
   local base=${BASE:-$(git rev-parse HEAD)} f
   rm -rf "$BASE_TREE" /tmp/gpu-gemv-ab/new

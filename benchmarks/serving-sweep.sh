@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving sweep on one GPU (docs/performance/serving.md):
-#   bash scripts/gpu-serve-sweep.sh        (results under RESULTS_DIR, default out/gpu)
-# On a machine without network whose Python lacks them, put wheels in `.whl/` (git-ignored; gpu-env.sh installs
+#   bash benchmarks/serving-sweep.sh        (results under RESULTS_DIR, default out/gpu)
+# On a machine without network whose Python lacks them, put wheels in `.whl/` (git-ignored; lib/env.sh installs
 # them): pydantic and, for the server and the load generator, fastapi, starlette, uvicorn, h11, anyio, sniffio,
 # click, httpx, httpcore, certifi, idna, typing_extensions (`pip download --no-deps --only-binary=:all:
 # --python-version 3.12 -d .whl <name>==<version as in .venv>`).
@@ -17,7 +17,7 @@ if [ "${DRY:-0}" = 1 ]; then
   RESULTS_DIR=${RESULTS_DIR:-/tmp/gpu-serve-dry}; mkdir -p "$RESULTS_DIR"
   PRESET=tiny SERVE=(--device cpu --dtype float32 --max-model-len 256) IN=16 NEW_TOKENS=8 LEVELS=(1 4) PROMPTS=(4 8)
 else
-  . scripts/gpu-env.sh
+  . benchmarks/lib/env.sh
   PRESET=llama3-8b SERVE=(--load-format dummy --dtype bfloat16 --max-model-len 4096) IN=512 NEW_TOKENS=128
   LEVELS=(1 16 64 256) PROMPTS=(16 96 256 512)
 fi
@@ -25,7 +25,7 @@ if [ -n "${LEVELS_ONLY:-}" ]; then
   read -r -a LEVELS <<<"$LEVELS_ONLY"
   read -r -a PROMPTS <<<"$PROMPTS_ONLY"
 fi
-. scripts/gpu-stages.sh
+. benchmarks/lib/stages.sh
 M=/tmp/gpu-serve/$PRESET
 PORT=18000
 gov() { python3 -m governor.cli "$@"; }

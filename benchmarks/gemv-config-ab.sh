@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Batch-1 decode with other GEMV launch configurations, end to end, on one GPU:
-#   bash scripts/gpu-gemv-config-ab.sh        (CONFIGS="4 2048 4;4 1024 4" ROUNDS=2 to choose)
-# Copies this tree once per configuration in CONFIGS ("block_n block_k num_warps", the first is the
-# default), with `DEFAULT_CONFIG` in kernels/governor/kernels/gemv.py set to it, then runs `governor bench
+#   bash benchmarks/gemv-config-ab.sh        (CONFIGS="4 2048 4;4 1024 4" ROUNDS=2 to choose)
+# Copies this tree once per configuration in CONFIGS ("block_n block_k num_warps", the first is the default), with
+# the launch policy's `gemv` (kernels/governor/kernels/launch_policy.py) set to it, then runs `governor bench
 # latency` (llama3-8b shape, dummy bf16 weights, 512-token context, batch 1, CUDA graphs) of each in turn,
 # ROUNDS times, alternating, and prints the ms/token p50, the GPU time of the step and the roofline fraction.
 set -uo pipefail
-. scripts/gpu-env.sh
+. benchmarks/lib/env.sh
 CONFIGS=${CONFIGS:-"4 1024 4;4 2048 4;4 2048 8"}
 ROUNDS=${ROUNDS:-2}
 M=/tmp/gemv-ab/llama3-8b
@@ -16,9 +16,11 @@ for i in "${!CFGS[@]}"; do
   read -r bn bk w <<<"${CFGS[$i]}"
   t=/tmp/gemv-ab/tree$i
   rm -rf "$t" && mkdir -p "$t" && cp -r engine kernels operator "$t/"
-  sed -i "s/^DEFAULT_CONFIG = GemvConfig(.*)$/DEFAULT_CONFIG = GemvConfig(block_n=$bn, block_k=$bk, num_warps=$w)/" \
-    "$t/kernels/governor/kernels/gemv.py"
-  grep -q "block_n=$bn, block_k=$bk, num_warps=$w)" "$t/kernels/governor/kernels/gemv.py" || { echo "sed failed"; exit 1; }
+  cfg="GemvConfig(block_n=$bn, block_k=$bk, num_warps=$w)"
+  sed -i "s/^    gemv: GemvConfig = GemvConfig([^)]*)/    gemv: GemvConfig = $cfg/" \
+    "$t/kernels/governor/kernels/launch_policy.py"
+  grep -qF "gemv: GemvConfig = $cfg" "$t/kernels/governor/kernels/launch_policy.py" ||
+    { echo "sed failed"; exit 1; }
 done
 for r in $(seq 1 "$ROUNDS"); do
   for i in "${!CFGS[@]}"; do

@@ -1,4 +1,4 @@
-# Sourced by scripts/gpu-targets.sh and gpu-async-scheduling.sh after gpu-prelude.sh: the workloads they share.
+# Sourced by benchmarks/headline.sh, async-scheduling.sh and peers.sh after lib/prelude.sh: the workloads they share.
 # DRY=1: the tiny preset on CPU (to check a script's flow); otherwise the benchmark shapes of docs/performance/.
 #   L, Q: the llama and qwen3 presets; MK: make-model flags; DEV: engine device flags; LATDEV, LAT: bench latency
 #   flags and workload; W: the throughput workload (256 prompts, 100 -> 1024 tokens); HF_BATCH: transformers' batch.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a host with several GPUs (docs/performance/tensor-parallelism.md):
-#   bash scripts/gpu-tensor-parallel.sh
+#   bash benchmarks/tensor-parallel.sh
 #   or some stages per run: STAGE="tests latency", STAGE=throughput, STAGE=70b.
 # Weights are drawn on the GPUs (--load-format dummy) from config-only directories, so nothing big is
 # written to disk: a llama3-8b shape at TP 1, 2, 4 (up to the GPU count), then a llama3-70b shape at
@@ -11,7 +11,7 @@ if [ "${DRY:-0}" = 1 ]; then
   RESULTS_DIR=${RESULTS_DIR:-/tmp/gpu-tp-dry}
   mkdir -p "$RESULTS_DIR"
 else
-  . scripts/gpu-env.sh
+  . benchmarks/lib/env.sh
 fi
 
 sizes() { local tp; for tp in "$@"; do if [ "$tp" -le "$NGPU" ]; then printf '%s ' "$tp"; fi; done; }
@@ -34,7 +34,7 @@ gov() { timeout "${STEP_TIMEOUT_S:-540}" python3 -m governor.engine "$@" 2>&1 | 
 config_only() {  # $1 dir, $2 preset: config.json + tokenizer, no weights
   [ -f "$1/config.json" ] || gov make-model "$1" --arch llama --preset "$2" --no-weights --dtype bfloat16
 }
-. "$(dirname "$0")/gpu-stages.sh"
+. benchmarks/lib/stages.sh
 
 tests() {
   timeout 900 python3 -m pytest -q -m gpu -s tests/test_tensor_parallel.py -p no:cacheprovider 2>&1 \

@@ -1,5 +1,5 @@
-# Sourced by the GPU scripts (scripts/gpu-*.sh): `stage NAME COMMAND...` runs one stage, prints its time, and
-# records a failure in FAILED without stopping the script (the later stages still run).
+# Sourced by the benchmark suites that run without one deadline (benchmarks/*.sh): `stage NAME COMMAND...` runs one
+# stage, prints its time, and records a failure in FAILED without stopping the script (the later stages still run).
 FAILED=()
 stage() {  # stage NAME COMMAND...: run, time, and record a failure without stopping the script
   local name=$1 t0=$SECONDS

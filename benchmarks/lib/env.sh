@@ -1,6 +1,7 @@
-# Sourced by the scripts/gpu-*.sh benchmarks on a machine with a CUDA GPU: the results folder RESULTS_DIR (default
-# out/gpu), wheels from .whl/ if there is one (for a machine without network that lacks a package, e.g. pydantic,
-# installed into /tmp/site), PYTHONPATH over the three source roots, and the GPU's identity into RESULTS_DIR/gpu.txt.
+# Sourced by the benchmarks/*.sh suites and scripts/gpu-tests.sh on a machine with a CUDA GPU: the results folder
+# RESULTS_DIR (default out/gpu), wheels from .whl/ if there is one (for a machine without network that lacks a
+# package, e.g. pydantic, installed into /tmp/site), PYTHONPATH over the three source roots, and the GPU's identity
+# into RESULTS_DIR/gpu.txt.
 RESULTS_DIR=${RESULTS_DIR:-out/gpu}
 mkdir -p "$RESULTS_DIR"
 if [ -d .whl ]; then
