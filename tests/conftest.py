@@ -99,3 +99,42 @@ def hf_model() -> Callable[[Path], Any]:
         return cache[path]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def qwen3(hf_checkpoint: Callable[[str], Path]) -> Path:
+    """The tiny Qwen3 checkpoint (test modules that name another `qwen3` fixture use theirs)."""
+    return hf_checkpoint("qwen3")
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3: Path) -> Any:
+    """An fp32 CPU engine over the tiny Qwen3 checkpoint, max_model_len 256, shared by a test module."""
+    from governor.engine import LLM
+
+    return LLM(str(qwen3), dtype="float32", max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `governor make-model` tiny Qwen3 (a 2,048-token context, room for long prompts), for servers."""
+    from governor.cli import main as governor_main
+
+    path = tmp_path_factory.mktemp("serve") / "qwen3-tiny"
+    assert governor_main(["make-model", str(path), "--arch", "qwen3", "--preset", "tiny", "--dtype", "float32"]) == 0
+    return path
+
+
+@pytest.fixture
+def sample_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many times the engine's step calls the general sampler (`sampler.sample`), counted from now."""
+    from governor.engine import llm_engine
+
+    calls = {"sample": 0}
+    inner = llm_engine.sample
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls["sample"] += 1
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(llm_engine, "sample", counted)
+    return calls

@@ -20,16 +20,6 @@ from governor.engine.models.model_config import UnsupportedModelError, load_mode
 from tests.test_engine_parity import greedy, mixed_prompts
 
 
-@pytest.fixture(scope="module")
-def qwen3(hf_checkpoint) -> Path:
-    return hf_checkpoint("qwen3")
-
-
-@pytest.fixture(scope="module")
-def llm(qwen3: Path) -> LLM:
-    return LLM(str(qwen3), dtype="float32", max_model_len=256)
-
-
 def test_the_engines_knobs_are_the_contracts(llm: LLM) -> None:
     """The engine declares its live knobs once (config.Knobs); the operator and tuner know them by the contract."""
     assert tuple(Knobs.model_fields) == contract.KNOB_NAMES

@@ -15,7 +15,6 @@ import jsonschema
 import pytest
 import torch
 
-import governor.engine.llm_engine as llm_engine
 from governor.engine import LLM, SamplingParams
 from governor.engine.bench.latency import bench_latency
 from governor.engine.bench.throughput import BENCH_JSON_SCHEMA, RequestOptions, Workload, run_engine
@@ -28,16 +27,6 @@ from tests.test_engine_parity import greedy, mixed_prompts
 
 EOS = 1  # the tiny checkpoints' eos_token_id (tests/conftest.py)
 NEG_INF = float("-inf")
-
-
-@pytest.fixture(scope="module")
-def qwen3(hf_checkpoint) -> Path:
-    return hf_checkpoint("qwen3")
-
-
-@pytest.fixture(scope="module")
-def llm(qwen3: Path) -> LLM:
-    return LLM(str(qwen3), dtype="float32", max_model_len=256)
 
 
 # --- references, written out token by token ---------------------------------------------------
@@ -327,14 +316,8 @@ def test_a_batch_of_processed_and_plain_requests_gives_each_its_tokens_alone(eng
 
 
 def test_plain_greedy_requests_keep_the_argmax_path_and_a_processed_one_leaves_it(
-        llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = {"sample": 0}
-    inner = llm_engine.sample
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["sample"] += 1
-        return inner(*args, **kwargs)
-    monkeypatch.setattr(llm_engine, "sample", counted)
+        llm: LLM, sample_calls: dict[str, int]) -> None:
+    calls = sample_calls
     prompts = mixed_prompts(4, seed=57)
     plain = tokens(llm.generate(prompts, greedy(10)))
     assert calls["sample"] == 0

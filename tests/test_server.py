@@ -139,13 +139,6 @@ def chat_model(hf_checkpoint: Callable[[str], Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("serve") / "qwen3-tiny"
-    assert governor_main(["make-model", str(path), "--arch", "qwen3", "--preset", "tiny", "--dtype", "float32"]) == 0
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with start_server(chat_model, "--served-model-name", MODEL, "--revision", REVISION,
                       "--max-model-len", str(MAX_MODEL_LEN), "--num-kv-blocks", str(NUM_KV_BLOCKS),

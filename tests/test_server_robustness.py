@@ -25,15 +25,6 @@ FINISHED = contract.REQUESTS_FINISHED
 
 
 @pytest.fixture(scope="module")
-def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from governor.cli import main as governor_main
-
-    path = tmp_path_factory.mktemp("serve") / "qwen3-tiny"
-    assert governor_main(["make-model", str(path), "--arch", "qwen3", "--preset", "tiny", "--dtype", "float32"]) == 0
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with start_server(long_model, "--served-model-name", MODEL, "--max-model-len", "2048", "--num-kv-blocks", "512",
                       "--max-num-seqs", "8", "--max-queue", "4", "--max-request-body-bytes", str(8 * 2**20),

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-import governor.engine.llm_engine as llm_engine
 import governor.engine.runner as runner_module
 from governor.engine import LLM, SamplingParams
 from governor.engine.config import Knobs
@@ -19,11 +18,6 @@ from governor.engine.sampler import argmax_only, greedy_tokens, sample
 from governor.engine.scheduler import Scheduler
 from governor.engine.sequence import Sequence
 from tests.test_engine_parity import greedy, mixed_prompts
-
-
-@pytest.fixture(scope="module")
-def llm(hf_checkpoint) -> LLM:
-    return LLM(str(hf_checkpoint("qwen3")), dtype="float32", max_model_len=256)
 
 
 def live_not_argmax(engine: LLMEngine) -> int:
@@ -42,15 +36,9 @@ def test_greedy_tokens_are_the_first_maximum_and_what_a_mixed_batch_gives_its_gr
     assert sample(logits, params, [None] * 64).token_ids[:63] == fast[:63]
 
 
-def test_plain_greedy_batch_gets_the_tokens_of_the_general_sampler(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plain_greedy_batch_gets_the_tokens_of_the_general_sampler(llm: LLM, sample_calls: dict[str, int]) -> None:
     """logprobs=0 keeps every request greedy but sends the step through `sample` (and the logprobs)."""
-    calls = {"sample": 0}
-    inner = llm_engine.sample
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["sample"] += 1
-        return inner(*args, **kwargs)
-    monkeypatch.setattr(llm_engine, "sample", counted)
+    calls = sample_calls
     prompts = mixed_prompts(6, seed=21)
     fast = llm.generate(prompts, greedy(12))
     assert calls["sample"] == 0
