@@ -51,11 +51,6 @@ latency_cold() {
   cache=$(mktemp -d)
   TRITON_CACHE_DIR=$cache latency latency-async
 }
-models() {
-  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
-    --no-weights --dtype bfloat16 || return 1
-  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
-}
 latency() {  # latency TAG ARGS...
   run_py "$1" -m governor.engine bench latency --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" \
     "${@:2}" --output-json "$R/$1.json" && [ -s "$R/$1.json" ]

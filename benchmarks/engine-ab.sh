@@ -24,11 +24,6 @@ base_tree() {
   git worktree prune
   git worktree add -q --detach "$BASE_TREE" "$base" && echo "base $base" | tee "$R/base.txt"
 }
-models() {
-  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
-    --no-weights --dtype bfloat16 || return 1
-  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
-}
 in_tree() {  # in_tree TREE COMMAND...: run with the code of TREE first on the path
   local tree=$1
   shift

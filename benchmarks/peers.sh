@@ -51,11 +51,6 @@ install_vllm() {  # unpack the bundle into PEERS_DIR/site (a no-op when it holds
   run_py install -m benchmarks.peers.bundle install --peers-dir "$PEERS_DIR" --target "$PEERS_DIR/site" &&
     VLLM_SITE=$PEERS_DIR/site
 }
-models() {
-  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
-    --no-weights --dtype bfloat16 || return 1
-  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
-}
 thr() {  # thr TAG ARGS...: one `bench throughput` of the engine, JSON to $R/thr-TAG.json
   local tag=$1
   shift

@@ -1,4 +1,5 @@
-# Sourced by benchmarks/headline.sh, async-scheduling.sh and peers.sh after lib/prelude.sh: the workloads they share.
+# Sourced by benchmarks/headline.sh, async-scheduling.sh, peers.sh and engine-ab.sh after lib/prelude.sh: the workloads
+# and models they share.
 # DRY=1: the tiny preset on CPU (to check a script's flow); otherwise the benchmark shapes of docs/performance/.
 #   L, Q: the llama and qwen3 presets; MK: make-model flags; DEV: engine device flags; LATDEV, LAT: bench latency
 #   flags and workload; W: the throughput workload (256 prompts, 100 -> 1024 tokens); HF_BATCH: transformers' batch.
@@ -11,3 +12,10 @@ else
   LATDEV=(--dtype bfloat16 --max-model-len 4096) LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
   W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) HF_BATCH=256
 fi
+# models: the llama3-8b shape config-only at $LM (weights drawn by the engine, --load-format dummy) and the qwen3-0.6b
+# shape with random weights at $QM, each made once; the suite sets LM and QM, and sources lib/deadline.sh (run_py).
+models() {
+  [ -f "$LM/config.json" ] || run_py make-llama -m governor.engine make-model "$LM" --arch llama --preset $L \
+    --no-weights --dtype bfloat16 || return 1
+  [ -f "$QM/config.json" ] || run_py make-qwen -m governor.engine make-model "$QM" --arch qwen3 --preset $Q "${MK[@]}"
+}
