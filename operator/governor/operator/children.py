@@ -178,3 +178,12 @@ def delete_children(api: ClusterApi, name: str, namespace: str, uid: str) -> lis
         if delete_controlled(api, kind, by_name, namespace, uid):
             removed.append(f"deleted {kind}/{by_name}")
     return removed
+
+
+Event = tuple[str, str, str]
+"""An Event to post: (reason, message, type), type Normal or Warning."""
+
+
+def ready_replicas(deployment: Mapping[str, Any] | None) -> int:
+    """A Deployment's ready pods as its status says (0 when it has no status yet, or is None)."""
+    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)

@@ -21,13 +21,14 @@ from governor.operator.children import (
     Apply,
     CreateAdminSecret,
     Delete,
+    Event,
     Patch,
     Write,
     by_revision,
     check_controller,
     controller_of,
+    ready_replicas,
 )
-from governor.operator.reconcile_status import Event, ready_replicas
 from governor.operator.render import (
     LABEL_REVISION,
     PORT,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from governor.operator.api import InferenceServiceSpec
+from governor.operator.children import Event, ready_replicas
 from governor.operator.render import revision_selector
 from governor.operator.rollout import stamp
 
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Tuning")
 
-Event = tuple[str, str, str]
-"""An Event to post: (reason, message, type), type Normal or Warning."""
 
 
 @dataclass
@@ -55,11 +54,6 @@ def failed(status: Mapping[str, Any], generation: int, now: float, reason: str, 
     return ReconcileResult({**(keep or {}), "observedGeneration": generation, "phase": "Failed",
                             "conditions": conditions},
                            [(reason, message, "Warning")] if changed else [], consumed_action=consumed_action)
-
-
-def ready_replicas(deployment: Mapping[str, Any] | None) -> int:
-    """A Deployment's ready pods as its status says (0 when it has no status yet, or is None)."""
-    return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
 def _replicas(deployment: Mapping[str, Any] | None) -> int:
