@@ -20,7 +20,7 @@ from governor.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block, max_blocks_for_int32_offsets
 from governor.engine.models.checkpoint import LazyTensor, dummy_weights, iter_weights
 from governor.engine.models.llama import CausalLM
-from governor.engine.models.model_config import ModelConfig
+from governor.engine.models.model_config import ModelConfig, UnsupportedModelError
 from governor.engine.runner import ModelRunner
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -85,6 +85,11 @@ class Worker:
     def _weights(self) -> Iterator[tuple[str, LazyTensor]]:
         cfg = self.spec.config
         if cfg.load_format == "dummy":
+            quant = self.spec.model_config.quantization
+            if quant is not None:
+                raise UnsupportedModelError(f"load_format 'dummy' draws dense random weights, but config.json "
+                                            f"describes a pre-quantized ({quant.method}) checkpoint; load its "
+                                            "weights (load_format 'auto'), or use an unquantized config.json")
             return dummy_weights(self.spec.model_config, self.spec.dtype, self.device, cfg.seed)
         return iter_weights(cfg.model)
 

@@ -7,6 +7,10 @@ math exactly (fp32 RMSNorm statistics, rotate-half rotary) so fp32 outputs match
 Under tensor parallelism the model is built from the rank's `shard_config` (its share of the heads and
 MLP columns, tp/sharding.py) and `load_weights` reads only that rank's slice of each checkpoint tensor;
 o_proj and down_proj outputs are partial sums, completed by an all-reduce over the ranks.
+
+A pre-quantized checkpoint (AWQ, GPTQ: `cfg.quantization`) holds each decoder linear as a `QuantizedLinear`
+(models/quantization.py) in place of the dense weight, fused the same way; it runs the reference dequantize
+path, never the GEMV. Embeddings, norms and lm_head stay dense.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from torch import nn
 
 from governor.engine.attention import AttentionMetadata, PagedAttention
 from governor.engine.models.checkpoint import LazyTensor
-from governor.engine.models.model_config import ModelConfig, RopeConfig
+from governor.engine.models.model_config import ModelConfig, RopeConfig, UnsupportedModelError
+from governor.engine.models.quantization import PACKED_TENSORS, QuantizedLinear
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
 from governor.kernels.gemv import gemv, gemv_usable
@@ -33,10 +38,20 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None
-           ) -> torch.Tensor:
+def _weight(cfg: ModelConfig, out_parts: tuple[int, ...], in_features: int, dtype: torch.dtype,
+            device: torch.device) -> nn.Parameter | QuantizedLinear:
+    """A linear's weight [sum(out_parts), in_features]: dense, or packed when the checkpoint is pre-quantized."""
+    if cfg.quantization is None:
+        return _param(sum(out_parts), in_features, dtype=dtype, device=device)
+    return QuantizedLinear(cfg.quantization, in_features, out_parts, device)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None,
+           kernels: LaunchPolicy | None) -> torch.Tensor:
     """F.linear(x, w, bias); on the fused path (`kernels`: its launch policy) a one-token step streams w through
-    `gemv` instead."""
+    `gemv` instead. A quantized `w` always takes its reference dequantize path."""
+    if isinstance(w, QuantizedLinear):
+        return w(x, bias)
     if kernels is not None and gemv_usable(x, w):
         return gemv(x, w, bias, policy=kernels)
     return F.linear(x, w, bias)
@@ -104,10 +119,10 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         # q, k and v projections fused into one matmul: rows [q | k | v].
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.qkv_weight = _weight(cfg, (self.q_size, self.kv_size, self.kv_size), cfg.hidden_size, dtype, device)
         self.qkv_bias = (_param(self.q_size + 2 * self.kv_size, dtype=dtype, device=device)
                          if cfg.attention_bias else None)
-        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=dtype, device=device)
+        self.o_weight = _weight(cfg, (cfg.hidden_size,), self.q_size, dtype, device)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.backend = backend
@@ -164,17 +179,17 @@ class MLP(nn.Module):
         self.tp = tp
         self.intermediate = cfg.intermediate_size
         # gate and up projections fused: rows [gate | up].
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
+        self.gate_up_weight = _weight(cfg, (cfg.intermediate_size,) * 2, cfg.hidden_size, dtype, device)
+        self.down_weight = _weight(cfg, (cfg.hidden_size,), cfg.intermediate_size, dtype, device)
 
     def forward(self, x: torch.Tensor, kernels: LaunchPolicy | None) -> torch.Tensor:
         gate_up = linear(x, self.gate_up_weight, None, kernels)
         if kernels is None:
-            down = F.linear(elementwise.silu_mul_ref(gate_up), self.down_weight)
-        elif gemv_usable(gate_up, self.down_weight):
+            down = linear(elementwise.silu_mul_ref(gate_up), self.down_weight, None, None)
+        elif isinstance(self.down_weight, torch.Tensor) and gemv_usable(gate_up, self.down_weight):
             down = gemv(gate_up, self.down_weight, silu_mul=True, policy=kernels)  # SiLU·mul folded into the GEMV
         else:
-            down = F.linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight)
+            down = linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight, None, None)
         return self.tp.all_reduce(down)
 
 
@@ -188,6 +203,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, dtype, device, tp)
 
 
+# Checkpoint projection → (block, the fused weight it belongs to, its part of that weight's output features).
+_PACKED_PARTS = {"q_proj": ("self_attn", "qkv_weight", 0), "k_proj": ("self_attn", "qkv_weight", 1),
+                 "v_proj": ("self_attn", "qkv_weight", 2), "o_proj": ("self_attn", "o_weight", 0),
+                 "gate_proj": ("mlp", "gate_up_weight", 0), "up_proj": ("mlp", "gate_up_weight", 1),
+                 "down_proj": ("mlp", "down_weight", 0)}
+
+
 class CausalLM(nn.Module):
     """Decoder-only transformer of the Llama family; forward over a flattened, paged batch.
 
@@ -197,6 +219,10 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
                  backend: PagedAttention, tp: TPGroup = SINGLE, lm_head: bool = True) -> None:
         super().__init__()
+        if cfg.quantization is not None and tp.size > 1:
+            raise UnsupportedModelError(
+                f"tensor parallelism over a pre-quantized ({cfg.quantization.method}) checkpoint is not supported; "
+                f"it runs on one rank (tensor_parallel_size=1), tensor_parallel_size={tp.size} was asked for")
         self.cfg = cfg
         self.tp = tp
         # The Triton backend runs the fused elementwise kernels too (kernels.elementwise): one kernel for
@@ -255,12 +281,20 @@ class CausalLM(nn.Module):
         inter = cfg.intermediate_size
         fused_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv),
                       "gate_proj": (0, inter), "up_proj": (inter, 2 * inter)}
+        packed = {name: m for name, m in self.named_modules() if isinstance(m, QuantizedLinear)}
         pending: dict[str, int] = {}  # parameter name → rows still to fill (fused) or 1
         for name, param in self.named_parameters(remove_duplicate=True):
+            if name.rpartition(".")[0] in packed:
+                continue  # a QuantizedLinear tracks its own tensors
             pending[name] = param.shape[0] if name.endswith(("qkv_weight", "qkv_bias", "gate_up_weight")) else 1
         layer_re = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp|input_layernorm|post_attention_layernorm)"
-                              r"(?:\.(\w+))?\.(weight|bias)$")
+                              r"(?:\.(\w+))?\.(weight|bias|qweight|qzeros|scales|g_idx)$")
         for hf_name, tensor in weights:
+            m = layer_re.match(hf_name)
+            if m is not None and (m.group(4) in PACKED_TENSORS or (packed and m.group(4) == "weight"
+                                                                     and m.group(3) in _PACKED_PARTS)):
+                self._load_packed(hf_name, m, tensor)
+                continue
             target, rows, split_dim = self._target(hf_name, layer_re, fused_rows)
             if target is None:
                 if "rotary_emb" in hf_name or (hf_name == "lm_head.weight"
@@ -272,9 +306,27 @@ class CausalLM(nn.Module):
             dest.copy_(self._read_shard(hf_name, tensor, tuple(dest.shape), split_dim))
             pending[target] -= dest.shape[0] if rows is not None else 1
         missing = [n for n, left in pending.items() if left > 0]
+        missing += [f"{name} {what}" for name, module in packed.items() for what in module.missing()]
         if missing:
             raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
                              + (" ..." if len(missing) > 8 else ""))
+
+    def _load_packed(self, hf_name: str, m: re.Match[str], tensor: LazyTensor) -> None:
+        """One packed tensor (qweight, qzeros, scales, g_idx) of a quantized linear, into its part's columns."""
+        quant = self.cfg.quantization
+        if quant is None:
+            raise ValueError(f"unexpected tensor {hf_name!r}: a quantized weight, but config.json has no "
+                             "quantization_config")
+        if m.group(4) == "weight":
+            raise ValueError(f"tensor {hf_name!r} is a dense weight, but config.json's quantization_config says "
+                             f"{quant.method}: every decoder linear must be stored quantized")
+        block, sub = m.group(2), m.group(3)
+        if sub not in _PACKED_PARTS or _PACKED_PARTS[sub][0] != block:
+            raise ValueError(f"unexpected tensor {hf_name!r} in {quant.method} checkpoint for {self.cfg.architecture}")
+        attr, part = _PACKED_PARTS[sub][1:]
+        module = self.get_submodule(f"layers.{m.group(1)}.{block}.{attr}")
+        assert isinstance(module, QuantizedLinear)
+        module.load(part, m.group(4), tensor[:], hf_name)
 
     def _read_shard(self, hf_name: str, tensor: LazyTensor, dest_shape: tuple[int, ...],
                     split_dim: int | None) -> torch.Tensor:

@@ -29,6 +29,18 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class WeightQuantization:
+    """A pre-quantized checkpoint's weight format, from config.json's `quantization_config`
+    (models/quantization.py reads the tensors). Only the decoder layers' linear weights are quantized."""
+
+    method: str  # "awq" (GEMM layout) or "gptq" (checkpoint format v1)
+    bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ)
+    group_size: int  # input features sharing one scale and zero; -1: one group over all of them
+    desc_act: bool = False  # GPTQ act-order: g_idx assigns each input feature its group
+    sym: bool = True  # GPTQ symmetric; informational, the loader reads the stored zeros either way
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     family: str
@@ -49,6 +61,7 @@ class ModelConfig:
     torch_dtype: str
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    quantization: WeightQuantization | None = None
 
 
 class UnsupportedModelError(ValueError):
@@ -73,6 +86,66 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
     )
+
+
+SUPPORTED_QUANTIZATION = ("awq (bits 4, version 'gemm', zero_point true) and gptq (bits 4 or 8, "
+                          "checkpoint_format 'gptq', i.e. v1; desc_act and sym either way)")
+
+
+def _unsupported_quantization(what: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"quantization_config: {what} is not supported; supported pre-quantized "
+                                 f"checkpoints: {SUPPORTED_QUANTIZATION}; other checkpoints must be unquantized "
+                                 f"({', '.join(SUPPORTED_DTYPES)})")
+
+
+def _quantization(raw: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]) -> WeightQuantization | None:
+    """config.json's `quantization_config` checked against what models/quantization.py reads; None when absent.
+    `linear_shapes`: (out, in) features of every quantized linear, which the packing and groups must divide."""
+    qc = raw.get("quantization_config")
+    if qc is None:
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    bits = int(qc.get("bits", qc.get("w_bit", 0)))
+    group_size = int(qc.get("group_size", qc.get("q_group_size", 0)))
+    if method == "awq":
+        version = str(qc.get("version", "gemm")).lower()
+        if bits != 4:
+            raise _unsupported_quantization(f"awq with bits={bits}")
+        if version != "gemm":
+            raise _unsupported_quantization(f"awq version {version!r} (a different packed layout)")
+        if not qc.get("zero_point", True):
+            raise _unsupported_quantization("awq without zero_point")
+        quant = WeightQuantization("awq", 4, group_size, sym=False)
+    elif method == "gptq":
+        fmt = str(qc.get("checkpoint_format", "gptq")).lower()
+        if bits not in (4, 8):
+            raise _unsupported_quantization(f"gptq with bits={bits}")
+        if fmt != "gptq":
+            raise _unsupported_quantization(f"gptq checkpoint_format {fmt!r}")
+        pack_dtype = str(qc.get("pack_dtype", "int32")).removeprefix("torch.")
+        if pack_dtype != "int32":
+            raise _unsupported_quantization(f"gptq with pack_dtype {pack_dtype!r} (codes are read from int32s)")
+        if qc.get("dynamic"):
+            raise _unsupported_quantization("gptq with per-module 'dynamic' overrides")
+        if qc.get("lm_head"):
+            raise _unsupported_quantization("gptq with a quantized lm_head")
+        quant = WeightQuantization("gptq", bits, group_size, bool(qc.get("desc_act", False)),
+                                   bool(qc.get("sym", True)))
+    else:
+        raise _unsupported_quantization(f"quant_method {method or qc!r}")
+    skipped = [m for m in qc.get("modules_to_not_convert") or [] if m != "lm_head"]
+    if skipped:
+        raise _unsupported_quantization(f"modules_to_not_convert={skipped} (every decoder linear must be quantized)")
+    pack = 32 // bits
+    for name, (out_f, in_f) in linear_shapes.items():
+        group = in_f if group_size == -1 else group_size
+        if group <= 0 or in_f % group:
+            raise _unsupported_quantization(f"group_size={group_size}, which does not divide {name}'s {in_f} input "
+                                            "features (it must divide every linear's, or be -1)")
+        if in_f % pack or out_f % pack:
+            raise _unsupported_quantization(f"{bits}-bit packing of {name} ({out_f}x{in_f}: both must be "
+                                            f"multiples of {pack})")
+    return quant
 
 
 def _eos_ids(raw: dict[str, Any], model_dir: Path) -> tuple[int, ...]:
@@ -121,12 +194,17 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
     attention_bias = True if family == "qwen2" else bool(raw.get("attention_bias", False))
     if raw.get("hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"hidden_act {raw.get('hidden_act')!r} is not supported; supported: silu")
+    head_dim_total, kv_total = num_heads * head_dim, num_kv_heads * head_dim
+    inter = int(raw["intermediate_size"])
+    quantization = _quantization(raw, {"q_proj": (head_dim_total, hidden), "k_proj": (kv_total, hidden),
+                                       "o_proj": (hidden, head_dim_total), "gate_proj": (inter, hidden),
+                                       "down_proj": (hidden, inter)})
     return ModelConfig(
         architecture=arch,
         family=family,
         vocab_size=int(raw["vocab_size"]),
         hidden_size=hidden,
-        intermediate_size=int(raw["intermediate_size"]),
+        intermediate_size=inter,
         num_layers=int(raw["num_hidden_layers"]),
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
@@ -141,4 +219,5 @@ def load_model_config(model_dir: str | Path) -> ModelConfig:
         torch_dtype=dtype if dtype in SUPPORTED_DTYPES else "float32",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_eos_ids(raw, model_dir),
+        quantization=quantization,
     )

@@ -1,0 +1,144 @@
+"""Pre-quantized linear weights (AWQ, GPTQ): the packed tensors of one linear layer, their unpacking, and
+the reference matmul that dequantizes them.
+
+Both formats store, per linear of `in` input and `out` output features and `G = in / group_size` groups,
+integer codes q, a zero point z and a scale s per (group, output feature); the weight is
+W[o, i] = (q[i, o] - z[g(i), o]) * s[g(i), o]. The tensors are kept exactly as the checkpoint stores them
+(so a kernel can take either layout as it is), except that scales are held in float16:
+
+  AWQ (GEMM version, 4 bits):  qweight [in, out/8]  int32, 8 codes per int32 along the output features in
+                               AWQ's interleaved order (AWQ_ORDER); qzeros [G, out/8] int32, same packing;
+                               scales [G, out]; g(i) = i // group_size.
+  GPTQ (checkpoint format v1): qweight [in/p, out] int32, p = 32/bits codes per int32 along the input
+                               features, lowest bits first; qzeros [G, out/p] int32, packed the same way
+                               along the output features and stored one less than the zero point
+                               (z = stored + 1); scales [G, out]; g(i) = g_idx[i] (act-order checkpoints
+                               permute which features share a group).
+
+Every tensor has the output features along its last dimension, so fused projections (q|k|v, gate|up) are the
+parts' tensors concatenated along it: columns of qweight and qzeros by whole packed int32s (every part's
+output count is a multiple of the packing), g_idx shared (the parts read the same input, so the quantizer
+gave them the same one; the loader checks it).
+
+`QuantizedLinear.forward` is the reference path: it dequantizes the whole weight to the activation dtype on
+every call and runs a dense matmul. It is correct on any device, and slow on a GPU (a full-size weight is
+rebuilt per call, and the fused bf16 GEMV is not used): quantized kernels are not built yet.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from governor.engine.models.model_config import WeightQuantization
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
+PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Split every int32 of `packed` into its 32/bits unsigned codes, lowest bits first, laid out consecutively
+    along `dim` (which grows 32/bits times)."""
+    per = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
+    dim = dim % packed.dim()
+    x = packed.unsqueeze(dim + 1)
+    codes = (x >> shifts.view([per if d == dim + 1 else 1 for d in range(x.dim())])) & ((1 << bits) - 1)
+    return codes.flatten(dim, dim + 1)
+
+
+def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    """AWQ GEMM int32s [rows, cols/8] → 4-bit codes [rows, cols] in column order."""
+    nibbles = unpack_int32(packed, 4, dim=-1).view(*packed.shape, 2, 4)
+    # AWQ_ORDER puts even columns in nibbles 0-3 and odd ones in 4-7: interleaving the halves restores the order
+    # (by reshaping: an index tensor built from a list per call would be a host copy a CUDA graph cannot capture).
+    return nibbles.transpose(-1, -2).flatten(-3)
+
+
+class QuantizedLinear(nn.Module):
+    """The packed weight of one linear layer, or of several fused along the output features (`out_parts`:
+    each part's output count, e.g. (q, kv, kv)). Parts are loaded one checkpoint tensor at a time
+    (`load`); `missing()` names what no tensor has filled yet.
+
+    Invariant: once `missing()` is empty, every tensor holds the checkpoint's values for every part."""
+
+    def __init__(self, quant: WeightQuantization, in_features: int, out_parts: tuple[int, ...],
+                 device: torch.device) -> None:
+        super().__init__()
+        self.method, self.bits = quant.method, quant.bits
+        self.in_features, self.out_parts = in_features, out_parts
+        self.out_features = out = sum(out_parts)
+        self.group_size = in_features if quant.group_size == -1 else quant.group_size
+        groups = in_features // self.group_size
+        self.pack = 32 // quant.bits
+        p = self.pack
+        qweight_shape = (in_features, out // p) if self.method == "awq" else (in_features // p, out)
+
+        def tensor(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+            return nn.Parameter(torch.zeros(*shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.qweight = tensor(*qweight_shape, dtype=torch.int32)
+        self.qzeros = tensor(groups, out // p, dtype=torch.int32)
+        self.scales = tensor(groups, out, dtype=torch.float16)
+        # Group of each input feature: GPTQ reads it from the checkpoint (act-order permutes it), AWQ has none.
+        self.g_idx = tensor(in_features, dtype=torch.int32)
+        self.g_idx.data.copy_(torch.arange(in_features, device=device) // self.group_size)
+        self._g_idx_required = quant.method == "gptq" and quant.desc_act
+        self._loaded: set[tuple[int, str]] = set()
+
+    def _columns(self, part: int, name: str) -> tuple[int, int]:
+        """The columns of tensor `name` that part `part` fills."""
+        start, width = sum(self.out_parts[:part]), self.out_parts[part]
+        packed = name == "qzeros" or (name == "qweight" and self.method == "awq")
+        div = self.pack if packed else 1
+        return start // div, (start + width) // div
+
+    def load(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
+        """Copy checkpoint tensor `name` (one of PACKED_TENSORS) of part `part` in; `source` names it in errors."""
+        if name == "g_idx":
+            if self.method != "gptq":
+                raise ValueError(f"unexpected tensor {source!r}: {self.method} checkpoints have no g_idx")
+            if tuple(tensor.shape) != (self.in_features,):
+                raise ValueError(f"tensor {source!r} has shape {tuple(tensor.shape)}, expected "
+                                 f"({self.in_features},) from config.json")
+            if any(n == "g_idx" for _, n in self._loaded) and not torch.equal(
+                    self.g_idx.data, tensor.to(self.g_idx.device, torch.int32)):
+                raise ValueError(f"tensor {source!r} differs from the g_idx of the projections it is fused with; "
+                                 "fused projections (q/k/v, gate/up) must share one g_idx")
+            groups = self.in_features // self.group_size
+            if tensor.numel() and not (int(tensor.min()) >= 0 and int(tensor.max()) < groups):
+                raise ValueError(f"tensor {source!r} names groups outside 0..{groups - 1} (group_size "
+                                 f"{self.group_size} of {self.in_features} input features, from config.json)")
+            self.g_idx.data.copy_(tensor)
+        else:
+            dest = getattr(self, name).data
+            lo, hi = self._columns(part, name)
+            dest = dest[:, lo:hi]
+            if tuple(tensor.shape) != tuple(dest.shape):
+                raise ValueError(f"tensor {source!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)} "
+                                 f"for {self.method} {self.bits}-bit, group_size {self.group_size}, from config.json")
+            dest.copy_(tensor)
+        self._loaded.add((part, name))
+
+    def missing(self) -> list[str]:
+        """Tensors no checkpoint tensor has filled yet, as 'part k name'."""
+        names = ["qweight", "qzeros", "scales"] + (["g_idx"] if self._g_idx_required else [])
+        return [f"part {k} {n}" for k in range(len(self.out_parts)) for n in names if (k, n) not in self._loaded]
+
+    def codes_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q [in, out], z [groups, out]): the unpacked integer codes and zero points."""
+        if self.method == "awq":
+            return unpack_awq(self.qweight), unpack_awq(self.qzeros)
+        q = unpack_int32(self.qweight, self.bits, dim=0)
+        return q, unpack_int32(self.qzeros, self.bits, dim=-1) + 1  # v1 stores zero - 1
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [out, in]: (q - z) * s per input feature's group, computed in fp32, returned in `dtype`."""
+        q, z = self.codes_and_zeros()
+        g = self.g_idx.long()
+        w = (q - z[g]).float() * self.scales.float()[g]  # [in, out]
+        return w.t().to(dtype)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ W.T (+ bias) in x's dtype, W dequantized on every call (the reference path; slow on a GPU)."""
+        return nn.functional.linear(x, self.dequantize(x.dtype), bias)

@@ -1,0 +1,322 @@
+"""Pre-quantized AWQ and GPTQ checkpoints load and run the same greedy tokens as transformers on the
+dequantized weights.
+
+The test packs and unpacks with its own code, written from the formats' definitions (independent of
+models/quantization.py): a tiny random checkpoint's decoder linears are quantized, written as an AWQ or GPTQ
+checkpoint, and the packed tensors are unpacked again into an fp32 Hugging Face checkpoint, the oracle.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from governor.engine import LLM
+from governor.engine.models.model_config import UnsupportedModelError, load_model_config
+from governor.engine.models.quantization import QuantizedLinear
+from tests.conftest import build_hf_checkpoint
+from tests.test_engine_parity import greedy, hf_greedy, mixed_prompts
+
+NEW_TOKENS = 12
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# Projections that read the same input share one act-order permutation (the quantizer sees the same Hessian).
+INPUT_SITE = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "o", "gate_proj": "mlp",
+              "up_proj": "mlp", "down_proj": "down"}
+AWQ_NIBBLE_COLUMN = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble k of an int32 holds column 8j + this[k]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    method: str  # "awq" or "gptq"
+    bits: int
+    group_size: int  # -1: one group
+    desc_act: bool = False
+    sym: bool = False
+
+    def config(self) -> dict[str, Any]:
+        if self.method == "awq":
+            return {"quant_method": "awq", "bits": 4, "group_size": self.group_size, "version": "gemm",
+                    "zero_point": True, "modules_to_not_convert": None}
+        return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size, "desc_act": self.desc_act,
+                "sym": self.sym, "checkpoint_format": "gptq", "damp_percent": 0.01, "true_sequential": True}
+
+
+# The tiny shapes' input features are 64 and 128: 64 is the largest group dividing both.
+AWQ = Scheme("awq", 4, 64)
+GPTQ_CASES = {
+    "gptq4-sym": ("llama", Scheme("gptq", 4, 32, sym=True)),
+    "gptq4-asym-act-order": ("qwen3", Scheme("gptq", 4, 32, desc_act=True)),
+    "gptq4-sym-act-order-one-group": ("mistral", Scheme("gptq", 4, -1, desc_act=True, sym=True)),
+    "gptq8-sym": ("qwen2", Scheme("gptq", 8, 64, sym=True)),
+    "gptq8-asym-act-order": ("llama3-rope-mqa", Scheme("gptq", 8, 32, desc_act=True)),
+}
+
+
+def to_int32(x: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit values held in int64 → the int32 with the same bits."""
+    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
+
+
+def quantize(w: torch.Tensor, scheme: Scheme, g_idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """w [out, in] → codes q [in, out], zero points z [G, out], float16 scales s [G, out] (round to nearest)."""
+    maxq = 2**scheme.bits - 1
+    groups = int(g_idx.max()) + 1
+    q = torch.empty(w.shape[1], w.shape[0], dtype=torch.int64)
+    z = torch.empty(groups, w.shape[0], dtype=torch.int64)
+    s = torch.empty(groups, w.shape[0], dtype=torch.float16)
+    for g in range(groups):
+        rows = (g_idx == g).nonzero().flatten()
+        wg = w[:, rows].t()  # [rows, out]
+        lo, hi = wg.min(0).values.clamp(max=0), wg.max(0).values.clamp(min=0)
+        if scheme.sym:
+            scale = torch.maximum(-lo, hi) * 2 / maxq
+            zero = torch.full_like(scale, (maxq + 1) // 2, dtype=torch.int64)
+        else:
+            scale = (hi - lo) / maxq
+            # GPTQ v1 stores zero - 1 unsigned, so its zero points start at 1.
+            zero = torch.round(-lo / scale).long().clamp(1 if scheme.method == "gptq" else 0, maxq)
+        s[g] = scale.to(torch.float16)
+        z[g] = zero
+        q[rows] = (torch.round(wg / s[g].float()) + zero).clamp(0, maxq).long()
+    return q, z, s
+
+
+def dequantize(q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, g_idx: torch.Tensor) -> torch.Tensor:
+    """W [out, in] = (q - z[g]) * s[g], in fp32."""
+    g = g_idx.long()
+    return ((q - z[g]).float() * s.float()[g]).t().contiguous()
+
+
+def pack_awq(codes: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] 4-bit → int32 [rows, cols/8], AWQ GEMM's interleaved nibble order."""
+    out = torch.zeros(codes.shape[0], codes.shape[1] // 8, dtype=torch.int64)
+    for k, col in enumerate(AWQ_NIBBLE_COLUMN):
+        out |= codes[:, col::8] << (4 * k)
+    return to_int32(out)
+
+
+def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
+    codes = torch.empty(packed.shape[0], packed.shape[1] * 8, dtype=torch.int64)
+    for k, col in enumerate(AWQ_NIBBLE_COLUMN):
+        codes[:, col::8] = (packed.long() >> (4 * k)) & 0xF
+    return codes
+
+
+def pack_gptq(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Pack 32/bits consecutive codes along `dim` into one int32, the first in the lowest bits."""
+    per = 32 // bits
+    codes = codes.movedim(dim, 0)
+    out = torch.zeros(codes.shape[0] // per, *codes.shape[1:], dtype=torch.int64)
+    for j in range(per):
+        out |= codes[j::per] << (bits * j)
+    return to_int32(out).movedim(0, dim).contiguous()
+
+
+def unpack_gptq(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    per = 32 // bits
+    packed = packed.long().movedim(dim, 0)
+    codes = torch.empty(packed.shape[0] * per, *packed.shape[1:], dtype=torch.int64)
+    for j in range(per):
+        codes[j::per] = (packed >> (bits * j)) & (2**bits - 1)
+    return codes.movedim(0, dim)
+
+
+def group_index(in_features: int, scheme: Scheme, perm: torch.Tensor) -> torch.Tensor:
+    """g_idx: feature i's group; act order assigns groups along `perm` (the features sorted by importance)."""
+    group = in_features if scheme.group_size == -1 else scheme.group_size
+    g_idx = torch.empty(in_features, dtype=torch.int32)
+    g_idx[perm if scheme.desc_act else torch.arange(in_features)] = (
+        torch.arange(in_features, dtype=torch.int32) // group)
+    return g_idx
+
+
+def pack_linear(w: torch.Tensor, scheme: Scheme, perm: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A linear's checkpoint tensors in `scheme`'s format, and the weight unpacked from them (fp32 [out, in])."""
+    g_idx = group_index(w.shape[1], scheme, perm)
+    q, z, s = quantize(w, scheme, g_idx)
+    if scheme.method == "awq":
+        packed = {"qweight": pack_awq(q), "qzeros": pack_awq(z), "scales": s}
+        return packed, dequantize(unpack_awq(packed["qweight"]), unpack_awq(packed["qzeros"]), s, g_idx)
+    packed = {"qweight": pack_gptq(q, scheme.bits, 0), "qzeros": pack_gptq(z - 1, scheme.bits, 1), "scales": s,
+              "g_idx": g_idx}
+    unpacked_q = unpack_gptq(packed["qweight"], scheme.bits, 0)
+    unpacked_z = unpack_gptq(packed["qzeros"], scheme.bits, 1) + 1
+    return packed, dequantize(unpacked_q, unpacked_z, s, packed["g_idx"])
+
+
+def write_quantized(src: Path, packed_dir: Path, oracle_dir: Path, scheme: Scheme, seed: int = 0) -> None:
+    """`src`'s decoder linears, packed in `scheme` into `packed_dir`, and unpacked into fp32 `oracle_dir`."""
+    tensors = load_file(src / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    gen = torch.Generator().manual_seed(seed)
+    packed_tensors, oracle_tensors = dict(tensors), dict(tensors)
+    for layer in range(config["num_hidden_layers"]):
+        perms: dict[str, torch.Tensor] = {}
+        for name in LINEARS:
+            key = f"model.layers.{layer}.{name}"
+            w = tensors[f"{key}.weight"]
+            site = INPUT_SITE[name.rpartition(".")[2]]
+            perm = perms.setdefault(site, torch.randperm(w.shape[1], generator=gen))
+            packed, deq = pack_linear(w, scheme, perm)
+            del packed_tensors[f"{key}.weight"]
+            packed_tensors.update({f"{key}.{k}": v for k, v in packed.items()})
+            oracle_tensors[f"{key}.weight"] = deq
+    for out, t, cfg in ((packed_dir, packed_tensors, {**config, "quantization_config": scheme.config()}),
+                        (oracle_dir, oracle_tensors, config)):
+        shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+        save_file(t, out / "model.safetensors", metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory: pytest.TempPathFactory):
+    """`quantized(arch, scheme)` → (packed checkpoint, fp32 oracle checkpoint), cached."""
+    cache: dict[tuple[str, Scheme], tuple[Path, Path]] = {}
+
+    def get(arch: str, scheme: Scheme) -> tuple[Path, Path]:
+        if (arch, scheme) not in cache:
+            root = tmp_path_factory.mktemp(f"{arch}-{scheme.method}{scheme.bits}")
+            src = build_hf_checkpoint(root / "src", arch)
+            write_quantized(src, root / "packed", root / "oracle", scheme)
+            cache[arch, scheme] = root / "packed", root / "oracle"
+        return cache[arch, scheme]
+
+    return get
+
+
+def assert_greedy_parity(llm: LLM, oracle_model: Any, prompts: list[list[int]], n: int = NEW_TOKENS) -> None:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(n))
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(oracle_model, prompt, n)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3-rope-mqa", "mistral", "qwen2", "qwen3"])
+def test_awq_checkpoint_matches_transformers_on_its_dequantized_weights(quantized, hf_model, arch: str) -> None:
+    packed, oracle = quantized(arch, AWQ)
+    llm = LLM(str(packed), dtype="float32")
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=1))
+
+
+@pytest.mark.parametrize("case", GPTQ_CASES)
+def test_gptq_checkpoint_matches_transformers_on_its_dequantized_weights(quantized, hf_model, case: str) -> None:
+    arch, scheme = GPTQ_CASES[case]
+    packed, oracle = quantized(arch, scheme)
+    llm = LLM(str(packed), dtype="float32")
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=2))
+
+
+def test_quantized_linears_are_packed_and_lm_head_stays_dense(quantized) -> None:
+    packed, _ = quantized("llama", AWQ)
+    model = LLM(str(packed), dtype="float32").engine.model
+    attn, mlp = model.decoder_layers[0].self_attn, model.decoder_layers[0].mlp
+    for w in (attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight):
+        assert isinstance(w, QuantizedLinear)
+    assert isinstance(attn.qkv_weight, QuantizedLinear) and attn.qkv_weight.out_parts == (64, 32, 32)
+    assert attn.qkv_weight.qweight.shape == (64, 128 // 8)
+    assert isinstance(model.lm_head, torch.Tensor) and model.lm_head.dtype == torch.float32
+
+
+def test_prefix_caching_and_ngram_speculation_keep_greedy_tokens(quantized) -> None:
+    packed, _ = quantized("qwen3", GPTQ_CASES["gptq4-asym-act-order"][1])
+    base = mixed_prompts(1, seed=5, lo=20, hi=20)[0]
+    # A shared prefix (prefix-cache hits) and repeated n-grams (speculation proposals).
+    prompts = [base + base[:6], [*base, 7, 8, 9, *base[:8]], base[:12] * 2]
+    plain = LLM(str(packed), dtype="float32").generate(prompts, greedy(16))
+    fast = LLM(str(packed), dtype="float32", enable_prefix_caching=True, block_size=4,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    outs = [fast.generate([p], greedy(16))[0] for p in prompts]  # one by one, so later prompts hit the cache
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    stats = fast.stats()
+    assert stats["prefix_cache_hit_tokens"] > 0 and stats["spec_proposed_tokens"] > 0
+
+
+def test_fp8_kv_cache_runs_a_quantized_model(quantized) -> None:
+    packed, _ = quantized("llama", AWQ)
+    out = LLM(str(packed), dtype="float32", kv_cache_dtype="fp8").generate(mixed_prompts(2, seed=3), greedy(6))
+    assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
+
+
+def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, hf_model) -> None:
+    """The fused path (Triton elementwise kernels, interpreted on CPU) with quantized linears."""
+    packed, oracle = quantized("qwen3", GPTQ_CASES["gptq4-asym-act-order"][1])
+    llm = LLM(str(packed), dtype="float32", attention_backend="triton")
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(2, seed=4, hi=12), n=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_config(quantized) -> dict[str, Any]:
+    _, oracle = quantized("llama", AWQ)
+    return json.loads((oracle / "config.json").read_text())
+
+
+REJECTED = {
+    "other method": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "quant_method 'fp8'"),
+    "awq other bits": ({"quant_method": "awq", "bits": 8, "group_size": 64, "version": "gemm", "zero_point": True},
+                       "awq with bits=8"),
+    "awq gemv layout": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv", "zero_point": True},
+                        "awq version 'gemv'"),
+    "awq without zero point": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm",
+                                "zero_point": False}, "awq without zero_point"),
+    "gptq other bits": ({"quant_method": "gptq", "bits": 3, "group_size": 64}, "gptq with bits=3"),
+    "gptq v2 format": ({"quant_method": "gptq", "bits": 4, "group_size": 64, "checkpoint_format": "gptq_v2"},
+                       "checkpoint_format 'gptq_v2'"),
+    "gptq other packing": ({"quant_method": "gptq", "bits": 4, "group_size": 64, "pack_dtype": "int16"},
+                           "pack_dtype 'int16'"),
+    "gptq dynamic overrides": ({"quant_method": "gptq", "bits": 4, "group_size": 64,
+                                "dynamic": {"-:.*down_proj": {}}}, "'dynamic' overrides"),
+    "group not dividing": ({"quant_method": "gptq", "bits": 4, "group_size": 48}, "group_size=48"),
+    "unquantized modules": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm",
+                             "zero_point": True, "modules_to_not_convert": ["mlp.down_proj"]},
+                            "modules_to_not_convert"),
+}
+
+
+@pytest.mark.parametrize("case", REJECTED)
+def test_unsupported_quantization_is_refused_naming_what_is_supported(tmp_path: Path, tiny_config, case: str) -> None:
+    quant, what = REJECTED[case]
+    (tmp_path / "config.json").write_text(json.dumps({**tiny_config, "quantization_config": quant}))
+    with pytest.raises(UnsupportedModelError) as e:
+        load_model_config(tmp_path)
+    assert what in str(e.value)
+    assert "supported pre-quantized checkpoints: awq (bits 4, version 'gemm'" in str(e.value)
+
+
+def test_an_unquantized_config_has_no_quantization(tiny_config, quantized) -> None:
+    _, oracle = quantized("llama", AWQ)
+    assert load_model_config(oracle).quantization is None
+
+
+def test_tensor_parallelism_over_a_quantized_checkpoint_is_refused(quantized) -> None:
+    from governor.engine.attention import PagedAttention
+    from governor.engine.models.llama import CausalLM
+    from governor.engine.tp.group import TPGroup
+
+    packed, _ = quantized("llama", AWQ)
+    cfg = load_model_config(packed)
+    with pytest.raises(UnsupportedModelError, match=r"runs on one rank \(tensor_parallel_size=1\)"):
+        CausalLM(cfg, torch.float32, torch.device("cpu"), 64, PagedAttention("torch", 0.125), TPGroup(0, 2))
+
+
+def test_dummy_weights_for_a_quantized_config_are_refused(quantized) -> None:
+    packed, _ = quantized("llama", AWQ)
+    with pytest.raises(UnsupportedModelError, match="load_format 'dummy'"):
+        LLM(str(packed), dtype="float32", load_format="dummy")
+
+
+def test_fused_projections_with_different_g_idx_are_refused(quantized, tmp_path: Path) -> None:
+    packed, _ = quantized("qwen3", GPTQ_CASES["gptq4-asym-act-order"][1])
+    shutil.copytree(packed, tmp_path / "m")
+    tensors = load_file(tmp_path / "m" / "model.safetensors")
+    name = "model.layers.0.self_attn.k_proj.g_idx"
+    tensors[name] = tensors[name].flip(0).contiguous()
+    save_file(tensors, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="must share one g_idx"):
+        LLM(str(tmp_path / "m"), dtype="float32")
