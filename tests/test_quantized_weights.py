@@ -251,6 +251,19 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(2, seed=4, hi=12), n=4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order"])
+def test_gpu_quantized_layers_under_cuda_graphs_match_transformers(quantized, hf_model, case: str) -> None:
+    """On the GPU (Triton backend, decode steps replayed from CUDA graphs, fp32), the reference path gives the tokens
+    transformers gives on the dequantized weights (CPU, fp32)."""
+    arch, scheme = ("llama", AWQ) if case == "awq" else GPTQ_CASES[case]
+    packed, oracle = quantized(arch, scheme)
+    llm = LLM(str(packed), dtype="float32", device="cuda")
+    assert llm.engine.executor.use_cuda_graphs
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=6))
+
+
 @pytest.fixture(scope="module")
 def tiny_config(quantized) -> dict[str, Any]:
     _, oracle = quantized("llama", AWQ)
