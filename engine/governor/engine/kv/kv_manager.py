@@ -32,10 +32,6 @@ class KVManager:
         self.enable_prefix_caching = enable_prefix_caching
 
     @property
-    def num_blocks(self) -> int:
-        return self.pool.num_blocks
-
-    @property
     def num_free(self) -> int:
         return self.pool.num_free
 

@@ -37,7 +37,7 @@ class WeightQuantization:
     bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ)
     group_size: int  # input features sharing one scale and zero; -1: one group over all of them
     desc_act: bool = False  # GPTQ act-order: g_idx assigns each input feature its group
-    sym: bool = True  # GPTQ symmetric; informational, the loader reads the stored zeros either way
+    # GPTQ's `sym` needs no field: a symmetric checkpoint stores its (constant) zero points like any other.
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def _quantization(raw: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
             raise _unsupported_quantization(f"awq version {version!r} (a different packed layout)")
         if not qc.get("zero_point", True):
             raise _unsupported_quantization("awq without zero_point")
-        quant = WeightQuantization("awq", 4, group_size, sym=False)
+        quant = WeightQuantization("awq", 4, group_size)
     elif method == "gptq":
         fmt = str(qc.get("checkpoint_format", "gptq")).lower()
         if bits not in (4, 8):
@@ -129,8 +129,7 @@ def _quantization(raw: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
             raise _unsupported_quantization("gptq with per-module 'dynamic' overrides")
         if qc.get("lm_head"):
             raise _unsupported_quantization("gptq with a quantized lm_head")
-        quant = WeightQuantization("gptq", bits, group_size, bool(qc.get("desc_act", False)),
-                                   bool(qc.get("sym", True)))
+        quant = WeightQuantization("gptq", bits, group_size, bool(qc.get("desc_act", False)))
     else:
         raise _unsupported_quantization(f"quant_method {method or qc!r}")
     skipped = [m for m in qc.get("modules_to_not_convert") or [] if m != "lm_head"]
