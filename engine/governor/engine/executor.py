@@ -70,18 +70,17 @@ class ModelExecutor:
         if config.tensor_parallel_size > 1:
             self._start_workers(spec, config.tensor_parallel_size)
         try:
-            self.worker = w = Worker(spec, self.tp)
+            w = Worker(spec, self.tp)  # rank 0's; what the engine steps with is kept below
             self.device = w.device
             self.model, self.kv_caches, self.runner = w.model, w.kv_caches, w.runner
             self.block_size, self.kv_dtype, self.num_blocks = w.block_size, w.kv_dtype, w.num_blocks
-            self.attention_backend = spec.attention_backend
             self.cuda_graph_capture_s = 0.0
             log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB%s); max concurrent max_model_len "
                      "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                      w.kv_cache_bytes() / 2**20, " per rank" if self.tp.size > 1 else "",
                      self.num_blocks * self.block_size / spec.max_model_len)
             self.use_cuda_graphs = (self.device.type == "cuda" and self.tp.size == 1 and not config.enforce_eager
-                                    and self.attention_backend == "triton")
+                                    and spec.attention_backend == "triton")
             if self.use_cuda_graphs:
                 self._capture_cuda_graphs(config.seqs_cap, config.spec_cap)
         except BaseException:
