@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a host with several GPUs (docs/performance/tensor-parallelism.md):
 #   bash benchmarks/tensor-parallel.sh
-#   or some stages per run: STAGE="tests latency", STAGE=throughput, STAGE=70b.
+#   or some stages per run: STAGE="tests allreduce latency", STAGE=throughput, STAGE=70b, STAGE=vllm.
 # Weights are drawn on the GPUs (--load-format dummy) from config-only directories, so nothing big is
-# written to disk: a llama3-8b shape at TP 1, 2, 4 (up to the GPU count), then a llama3-70b shape at
-# TP 4 (and 8). Each stage runs whether or not an earlier one failed; results are JSON under $RESULTS_DIR.
+# written to disk. Stages:
+#   tests       the tensor-parallel GPU tests (2 and 4 GPUs);
+#   allreduce   `bench all-reduce`: one all-reduce's time by size and path, at TP 2 and 4 (the per-step share of
+#               the roofline, and the thresholds of tp/all_reduce.py);
+#   latency     llama3-8b shape, 512-token context, batches 1, 8, 32, at TP 1, 2, 4; TP 2 again with every
+#               all-reduce on NCCL (--disable-custom-all-reduce) and eagerly (--enforce-eager);
+#   throughput  llama3-8b shape at TP 2: 256 prompts, 100 tokens in, 1024 out;
+#   70b         llama3-70b shape at TP 4: latency at batches 1, 8, 32, and the throughput workload;
+#   vllm        vLLM 0.26 on the same shapes and workloads at the same TP sizes (PEERS_DIR holds its bundle, as
+#               benchmarks/peers.sh; VLLM_SITE an unpacked one).
+# Each stage runs whether or not an earlier one failed; results are JSON under $RESULTS_DIR.
 # DRY=1 runs the same flow on CPU with the tiny preset (to check the script, not to measure).
-set -euo pipefail
+set -uo pipefail
 if [ "${DRY:-0}" = 1 ]; then
   RESULTS_DIR=${RESULTS_DIR:-/tmp/gpu-tp-dry}
   mkdir -p "$RESULTS_DIR"
+  export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1
 else
   . benchmarks/lib/env.sh
 fi
@@ -17,15 +27,18 @@ fi
 sizes() { local tp; for tp in "$@"; do if [ "$tp" -le "$NGPU" ]; then printf '%s ' "$tp"; fi; done; }
 if [ "${DRY:-0}" = 1 ]; then
   NGPU=2 PRESET8=tiny PRESET70=small DEVICE=(--device cpu --dtype float32) LEN=(--max-model-len 256)
-  LAT=(--context 64 --batches 1 --new-tokens 16) THR=(--num-prompts 8 --input-len 16:16 --output-len 16:16)
-  LAT70=("${LAT[@]}") THR70=("${THR[@]}") SIZES8="1 2" SIZES70="2"
+  LAT=(--context 64 --batches 1,2 --new-tokens 16) THR=(--num-prompts 8 --input-len 16:16 --output-len 16:16)
+  LAT70=("${LAT[@]}") THR70=("${THR[@]}") SIZES8="1 2" SIZES70="2" VLLM_THR=(--max-model-len 256)
 else
   NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
   PRESET8=llama3-8b PRESET70=llama3-70b DEVICE=(--dtype bfloat16) LEN=(--max-model-len 4096)
-  LAT=(--context 512 --batches 1,8 --new-tokens 256) THR=(--num-prompts 256 --input-len 128:128 --output-len 512:512)
-  LAT70=(--context 512 --batches 1,8 --new-tokens 128) THR70=("${THR[@]}")
-  SIZES8=$(sizes 1 2 4) SIZES70=$(sizes 4 8)  # 70B in bf16 is 141 GB: TP 4 and up on 80 GB cards
+  LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
+  THR=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)
+  LAT70=("${LAT[@]}") THR70=("${THR[@]}") VLLM_THR=(--max-model-len 4096)
+  SIZES8=$(sizes 1 2 4) SIZES70=$(sizes 4)  # 70B in bf16 is 141 GB: TP 4 on 80 GB cards
 fi
+PEERS_DIR=${PEERS_DIR:-.peers}
+VLLM_SITE=${VLLM_SITE:-}
 M8=/tmp/gpu-tp/$PRESET8 M70=/tmp/gpu-tp/$PRESET70
 echo "GPUs: $NGPU; llama3-8b at TP: $SIZES8; llama3-70b at TP: ${SIZES70:-none}" | tee "$RESULTS_DIR/plan.txt"
 
@@ -37,8 +50,9 @@ config_only() {  # $1 dir, $2 preset: config.json + tokenizer, no weights
 . benchmarks/lib/stages.sh
 
 tests() {
-  timeout 900 python3 -m pytest -q -m gpu -s tests/test_tensor_parallel.py -p no:cacheprovider 2>&1 \
-    | grep -vE "Writing|Loading" | tail -20 | tee "$RESULTS_DIR/gpu-tests.log"
+  timeout 900 python3 -m pytest -q -m gpu -s tests/test_tensor_parallel.py tests/test_tensor_parallel_gpu.py \
+    -p no:cacheprovider 2>&1 | grep -vE "Writing|Loading" | tail -30 | tee "$RESULTS_DIR/gpu-tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ]
 }
 bench() {  # bench KIND MODEL_DIR TP TAG ARGS...: one `governor bench KIND` run, JSON to $RESULTS_DIR/KIND-TAG-tpTP.json
   local kind=$1 m=$2 tp=$3 tag=$4
@@ -48,43 +62,68 @@ bench() {  # bench KIND MODEL_DIR TP TAG ARGS...: one `governor bench KIND` run,
   gov bench "$kind" --model "$m" --load-format dummy --tensor-parallel-size "$tp" "${DEVICE[@]}" "${LEN[@]}" \
     "$@" --output-json "$json" && [ -s "$json" ]
 }
+all_reduce() {  # all_reduce TP: `bench all-reduce`, JSON to $RESULTS_DIR/allreduce-tpTP.json
+  gov bench all-reduce --tp "$1" --output-json "$RESULTS_DIR/allreduce-tp$1.json" && [ -s "$RESULTS_DIR/allreduce-tp$1.json" ]
+}
+install_vllm() {  # unpack the bundle into PEERS_DIR/site (a no-op when it holds this bundle already)
+  python3 -m benchmarks.peers.bundle install --peers-dir "$PEERS_DIR" --target "$PEERS_DIR/site" &&
+    VLLM_SITE=$PEERS_DIR/site
+}
+vllm() {  # vllm TAG MODULE ARGS...: one vLLM runner, JSON to $RESULTS_DIR/TAG.json (its plan under DRY=1)
+  local tag=$1 module=$2
+  shift 2
+  if [ "${DRY:-0}" = 1 ]; then python3 -m "$module" "$@" --plan; return; fi
+  rm -f "$RESULTS_DIR/$tag.json"
+  PYTHONPATH=${VLLM_SITE:+$VLLM_SITE:}$PYTHONPATH timeout "${STEP_TIMEOUT_S:-540}" python3 -m "$module" "$@" \
+    --output-json "$RESULTS_DIR/$tag.json" 2>&1 | grep -vE "^INFO|it/s\]" | tail -20
+  [ -s "$RESULTS_DIR/$tag.json" ]
+}
 
-for s in ${STAGE:-tests latency throughput 70b}; do
+for s in ${STAGE:-tests allreduce latency throughput 70b vllm}; do
   case $s in
     tests)
       if [ "$NGPU" -ge 2 ]; then stage tests tests; else echo "=== tests: skipped (one GPU)"; fi ;;
+    allreduce)
+      if [ "${DRY:-0}" = 1 ]; then echo "=== allreduce: skipped (needs GPUs)"; continue; fi
+      for tp in $(sizes 2 4); do stage "allreduce-tp$tp" all_reduce "$tp"; done ;;
     latency)
       stage config-8b config_only $M8 $PRESET8
-      for tp in $SIZES8; do stage "latency-8b-tp$tp" bench latency $M8 "$tp" 8b "${LAT[@]}"; done ;;
+      for tp in $SIZES8; do stage "latency-8b-tp$tp" bench latency $M8 "$tp" 8b "${LAT[@]}"; done
+      if [ "${DRY:-0}" != 1 ] && [ "$NGPU" -ge 2 ]; then
+        stage latency-8b-nccl-tp2 bench latency $M8 2 8b-nccl "${LAT[@]}" --disable-custom-all-reduce
+        stage latency-8b-eager-tp2 bench latency $M8 2 8b-eager "${LAT[@]}" --enforce-eager
+      fi ;;
     throughput)
       stage config-8b config_only $M8 $PRESET8
-      for tp in $SIZES8; do stage "throughput-8b-tp$tp" bench throughput $M8 "$tp" 8b "${THR[@]}"; done ;;
+      stage throughput-8b-tp2 bench throughput $M8 2 8b "${THR[@]}" ;;
     70b)
       stage config-70b config_only $M70 $PRESET70
       for tp in $SIZES70; do
         stage "latency-70b-tp$tp" bench latency $M70 "$tp" 70b "${LAT70[@]}"
         stage "throughput-70b-tp$tp" bench throughput $M70 "$tp" 70b "${THR70[@]}"
       done ;;
-    *) echo "unknown stage $s (tests, latency, throughput, 70b)"; FAILED+=("$s") ;;
+    vllm)
+      if [ -z "$VLLM_SITE" ] && [ -f "$PEERS_DIR/vllm-1/MANIFEST.sha256" ] && [ "${DRY:-0}" != 1 ]; then
+        stage install-vllm install_vllm
+      fi
+      stage config-8b config_only $M8 $PRESET8
+      for tp in $(sizes 2 4); do
+        stage "vllm-latency-8b-tp$tp" vllm "vllm-latency-8b-tp$tp" benchmarks.peers.vllm_latency --model $M8 \
+          --context 512 --new-tokens 128 --tensor-parallel-size "$tp"
+      done
+      stage vllm-throughput-8b-tp2 vllm vllm-throughput-8b-tp2 benchmarks.peers.vllm_throughput --model $M8 \
+        --load-format dummy --num-prompts 256 --input-len 100:100 --output-len 1024:1024 "${VLLM_THR[@]}" \
+        --tensor-parallel-size 2
+      for tp in $SIZES70; do
+        stage config-70b config_only $M70 $PRESET70
+        stage "vllm-throughput-70b-tp$tp" vllm "vllm-throughput-70b-tp$tp" benchmarks.peers.vllm_throughput \
+          --model $M70 --load-format dummy --num-prompts 256 --input-len 100:100 --output-len 1024:1024 \
+          "${VLLM_THR[@]}" --tensor-parallel-size "$tp"
+      done ;;
+    *) echo "unknown stage $s (tests, allreduce, latency, throughput, 70b, vllm)"; FAILED+=("$s") ;;
   esac
 done
 
 # One table of every result this run (and earlier runs) left in $RESULTS_DIR.
-python3 - "$RESULTS_DIR" <<'EOF' | tee "$RESULTS_DIR/summary.txt"
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-rows = {}
-for f in sorted(out.glob("latency-*-tp*.json")) + sorted(out.glob("throughput-*-tp*.json")):
-    env = json.loads(f.read_text())
-    r = env["result"]
-    if f.name.startswith("latency"):
-        line = "; ".join(f"batch {x['batch']}: {x['ms_per_token_p50']:.2f} ms/token p50, TTFT {x['ttft_ms']:.0f} ms"
-                         for x in r["rows"])
-    else:
-        line = (f"{r['output_tokens_per_s']:.0f} output tok/s ({r['total_tokens_per_s']:.0f} total), "
-                f"{r['elapsed_s']:.1f} s, {r['kv_blocks_total']} KV blocks, {r['preemptions']} preemptions")
-    rows[f.stem] = line
-    print(f"{f.stem:24} {line}")
-(out / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")
-EOF
+python3 -m benchmarks.tp_summary "$RESULTS_DIR" | tee "$RESULTS_DIR/summary.txt"
 if [ ${#FAILED[@]} -gt 0 ]; then echo "failed stages: ${FAILED[*]}"; exit 1; fi

@@ -53,13 +53,15 @@ ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def build_hf_checkpoint(out_dir: Path, arch: str, seed: int = 0, weight_scale: float = 3.0,
-                        dtype: torch.dtype = torch.float32, vocab_size: int | None = None) -> Path:
+                        dtype: torch.dtype = torch.float32, vocab_size: int | None = None,
+                        **overrides: Any) -> Path:
     """Build a random transformers model of `arch`, scale its weights (so greedy picks are not near-ties),
     save it with a real tokenizer, and return the directory. `vocab_size` overrides the model's (a tiny
-    vocabulary for distribution tests; the tokenizer stays the same)."""
+    vocabulary for distribution tests; the tokenizer stays the same); `overrides`, other config fields."""
     import transformers
 
     cls_name, kwargs = ARCHS[arch]
+    kwargs = {**kwargs, **overrides}
     if vocab_size is not None:
         kwargs = {**kwargs, "vocab_size": vocab_size}
     config = getattr(transformers, cls_name)(**kwargs, bos_token_id=0, eos_token_id=1)

@@ -10,6 +10,7 @@ next architecture's starts and before the tests below the class make their own.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import signal
 import subprocess
@@ -292,3 +293,80 @@ def test_gpu_two_ranks_over_nccl_give_the_tokens_of_one(hf_checkpoint) -> None:
             assert multiprocessing.active_children() == []
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+# --- what rank 0 sends a step, the vocabulary split, async steps, a worker's failure --------------
+
+
+def record_leads(llm: LLM) -> list[tuple[Any, Any]]:
+    """Wrap rank 0's runner's `_lead`: the (shape, extras) of every step it sends the workers."""
+    runner = llm.engine.runner
+    sent: list[tuple[Any, Any]] = []
+    inner = runner._lead
+
+    def lead(shape: Any, extras: Any, feed: Any) -> None:
+        sent.append((shape, extras))
+        inner(shape, extras, feed)
+
+    runner._lead = lead  # type: ignore[method-assign]
+    return sent
+
+
+def test_a_decode_step_sends_positions_tokens_and_only_the_block_table_entries_that_changed(
+        hf_checkpoint) -> None:
+    path = str(hf_checkpoint("llama"))
+    prompt = mixed_prompts(1, seed=4, lo=21, hi=21)[0]  # 21 tokens: 3 blocks of 8, the last with 5
+    kwargs: dict[str, Any] = dict(dtype="float32", block_size=8, num_kv_blocks=32, max_model_len=64,
+                                  async_scheduling=False)
+    want = tokens(LLM(path, **kwargs).generate([prompt], greedy(12)))
+    with LLM(path, tensor_parallel_size=2, **kwargs) as two:
+        sent = record_leads(two)
+        assert tokens(two.generate([prompt], greedy(12))) == want
+    decodes = [(shape, extras) for shape, extras in sent if shape.num_decodes == shape.num_seqs == 1]
+    assert len(decodes) == 11
+    # Positions 21..31: a step writes at position p; the block of p is new when p % 8 == 0 (p = 24), when the
+    # step sends its one new entry: [row 0, start 3, 1 entry, the block].
+    with_delta = [shape.num_tokens for shape, extras in decodes if extras.deltas_len]
+    assert [e.deltas_len for _, e in decodes if e.deltas_len] == [4] and len(with_delta) == 1
+    # The prefill sent its whole table once: 3 blocks.
+    assert sent[0][1].deltas_len == 3 + 3
+
+
+def test_a_vocabulary_that_does_not_split_evenly_is_padded_on_the_last_rank(tmp_path: Path) -> None:
+    path = build_hf_checkpoint(tmp_path, "qwen3", vocab_size=2001)  # tied embeddings: one table, split
+    prompt = mixed_prompts(1, seed=6, lo=30, hi=30)[0]
+    one = LLM(str(path), dtype="float32")
+    want_logits = one.engine.prompt_logits(prompt, 16)
+    want = tokens(one.generate([prompt], greedy(12)))
+    with LLM(str(path), dtype="float32", tensor_parallel_size=2) as two:
+        model = two.engine.model
+        assert model.vocab_rows == 1001 and model.embed_tokens.shape[0] == 1001
+        got = two.engine.prompt_logits(prompt, 16)
+        assert got.shape == want_logits.shape == (30, 2001)
+        torch.testing.assert_close(got, want_logits, rtol=0, atol=1e-4)
+        assert tokens(two.generate([prompt], greedy(12))) == want
+
+
+def test_async_steps_feed_the_workers_the_sampled_tokens(hf_checkpoint) -> None:
+    path = str(hf_checkpoint("qwen2"))
+    prompts = mixed_prompts(4, seed=8, hi=30)
+    want = tokens(LLM(path, dtype="float32", async_scheduling=False).generate(prompts, greedy(16)))
+    with LLM(path, dtype="float32", tensor_parallel_size=2) as two:
+        sent = record_leads(two)
+        assert tokens(two.generate(prompts, greedy(16))) == want
+    fed = [extras.feed_len for _, extras in sent if extras.feed_len]
+    assert len(fed) >= 8 and all(n == 4 for n in fed[:8])
+
+
+def test_a_worker_that_dies_mid_run_ends_the_engine_with_an_error_naming_it(hf_checkpoint) -> None:
+    llm = LLM(str(hf_checkpoint("mistral")), dtype="float32", tensor_parallel_size=2)
+    workers = llm.engine.executor._workers
+    assert workers is not None
+    llm.generate([[5, 6, 7]], greedy(2))
+    os.kill(workers.pids[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"worker rank 1 \(pid \d+\) exited with code -9.*is closed"):
+        llm.generate([[5, 6, 7, 8]], greedy(64))
+    assert llm.engine.executor.closed
+    assert multiprocessing.active_children() == []
+    with pytest.raises(RuntimeError, match="the engine is closed"):
+        llm.generate([[5, 6, 7]], greedy(2))

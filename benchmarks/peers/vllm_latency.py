@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     p.add_argument("--max-model-len", type=int, default=4096, help="as the engine's latency run")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None)
     p.add_argument("--plan", action="store_true", help="print the settings, run nothing")
@@ -59,6 +60,7 @@ def llm_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "load_format": args.load_format, "dtype": args.dtype,
             "kv_cache_dtype": args.kv_cache_dtype, "max_model_len": args.max_model_len, "seed": args.seed,
             "max_num_seqs": 1, "gpu_memory_utilization": args.gpu_memory_utilization,
+            "tensor_parallel_size": args.tensor_parallel_size,
             "compilation_config": {"cudagraph_capture_sizes": capture_sizes(1)}}
 
 

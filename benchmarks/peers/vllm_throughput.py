@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--load-format", default="auto", help="dummy: random weights from config.json, as the engine's")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-json", default=None)
     p.add_argument("--plan", action="store_true", help="print the workload and settings, run nothing")
@@ -64,6 +66,7 @@ def llm_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "compilation_config": {"cudagraph_capture_sizes": capture_sizes(args.max_num_seqs)},
+        "tensor_parallel_size": args.tensor_parallel_size, "load_format": args.load_format,
     }
     if args.max_model_len is not None:
         settings["max_model_len"] = args.max_model_len

@@ -181,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     at.add_argument("--iters", type=int, default=50)
     at.add_argument("--device", default="auto")
     at.add_argument("--output-json", default=None)
+
+    ar = bsub.add_parser("all-reduce", help="one all-reduce's time by message size: peer-to-peer one-shot and "
+                                            "two-shot against NCCL, in CUDA graphs, on this host's GPUs")
+    ar.add_argument("--tp", type=int, default=2, help="GPUs (ranks)")
+    ar.add_argument("--sizes", default="8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,8M",
+                    help="comma-separated message sizes in bytes (K and M suffixes: KiB, MiB)")
+    ar.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ar.add_argument("--calls", type=int, default=20, help="all-reduces per captured graph")
+    ar.add_argument("--replays", type=int, default=50)
+    ar.add_argument("--output-json", default=None)
     return parser
 
 
@@ -313,6 +323,18 @@ def _run(args: argparse.Namespace) -> int:
             print(f"fp8 vs model dtype over {a['positions']} positions: top-1 {a['top1_agreement']:.4f}, "
                   f"mean KL {a['mean_kl']:.3g}")
         bench_cache.write_envelope(f"bench-{args.bench}", args.model, result, args.output_json)
+        return 0
+    if args.command == "bench" and args.bench == "all-reduce":
+        import torch
+
+        from governor.engine.bench import cache as bench_cache
+        from governor.engine.bench.all_reduce import bench_all_reduce, parse_sizes
+
+        dtype = getattr(torch, args.dtype)
+        result = bench_all_reduce(args.tp, parse_sizes(args.sizes), dtype, args.calls, args.replays)
+        for row in result["rows"]:
+            print(f"{row['bytes']:>9} B {row['path']:>8}: {row['us']:7.1f} us (max error {row['max_abs_err']:.3g})")
+        bench_cache.write_envelope("bench-all-reduce", "-", result, args.output_json)
         return 0
     if args.command == "bench" and args.bench == "attention":
         from governor.engine.bench import attention as ba

@@ -86,13 +86,17 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1, description="Ranks the model is split over (Megatron-style: "
                                       "attention heads and MLP columns; one process and device per rank; it must "
                                       "divide the attention heads, KV heads and intermediate size).")
-    enforce_eager: bool = Field(default=False, description="Run every step eagerly. Otherwise, on a CUDA device "
-                                "with one rank, decode and speculative-verification steps replay CUDA graphs "
-                                "captured at start for batch sizes up to max_num_seqs_cap.")
+    enforce_eager: bool = Field(default=False, description="Run every step eagerly. Otherwise, on CUDA devices, "
+                                "decode and speculative-verification steps replay CUDA graphs captured at start "
+                                "(on every tensor-parallel rank, all-reduces inside) for batch sizes up to "
+                                "max_num_seqs_cap.")
+    disable_custom_all_reduce: bool = Field(default=False, description="With tensor parallelism on CUDA, send "
+                                            "every all-reduce through NCCL instead of sending small ones over "
+                                            "peer-to-peer buffers (one-shot and two-shot kernels).")
     async_scheduling: bool = Field(default=True, description="While a step runs, schedule and launch the next "
                                    "one, its tokens fed on the device from the running step's, so the device "
                                    "does not wait on the host between steps. Applies to steps whose every "
-                                   "request is greedy without logprobs and without draft tokens, on one rank; "
+                                   "request is greedy without logprobs and without draft tokens; "
                                    "other steps run one at a time.")
     load_format: LoadFormat = Field(default="auto", description="'auto' reads the safetensors weights; 'dummy' "
                                     "draws random weights of the checkpoint's shapes from `seed` (config.json "

@@ -4,7 +4,7 @@ graphs and the kernel warm-up; then one scheduled step at a time on every rank."
 from __future__ import annotations
 
 import logging
-import time
+import threading
 import weakref
 
 import torch
@@ -16,7 +16,7 @@ from governor.engine.models.model_config import ModelConfig, load_model_config
 from governor.engine.scheduler import SchedulerOutput
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.engine.tp.processes import WorkerProcesses
-from governor.engine.tp.rank0 import start_workers, stop_workers
+from governor.engine.tp.rank0 import start_workers, stop_workers, watch_for_stuck_steps
 from governor.engine.tp.sharding import shard_config
 from governor.engine.warm_up import warm_up_kernels
 from governor.engine.worker import Worker, WorkerSpec
@@ -46,7 +46,8 @@ def resolve_worker_spec(config: EngineConfig, model_config: ModelConfig, max_mod
     if spec is not None and spec.model:  # the draft model keeps a cache of as many blocks
         draft_bytes = bytes_per_block(load_model_config(spec.model), config.block_size, dtype)
     return WorkerSpec(config, model_config, dtype, device_type, max_model_len, backend, calibration_vocab,
-                      draft_bytes)
+                      draft_bytes,
+                      cuda_graphs=device_type == "cuda" and backend == "triton" and not config.enforce_eager)
 
 
 def _resolve_device(device: str) -> str:
@@ -66,7 +67,7 @@ class ModelExecutor:
         config = spec.config
         self.tp: TPGroup = SINGLE
         self._workers: WorkerProcesses | None = None
-        self._finalizer: weakref.finalize[[TPGroup, WorkerProcesses], ModelExecutor] | None = None
+        self._finalizer: weakref.finalize[[TPGroup, WorkerProcesses, threading.Event], ModelExecutor] | None = None
         if config.tensor_parallel_size > 1:
             self._start_workers(spec, config.tensor_parallel_size)
         try:
@@ -74,15 +75,19 @@ class ModelExecutor:
             self.device = w.device
             self.model, self.kv_caches, self.runner = w.model, w.kv_caches, w.runner
             self.block_size, self.kv_dtype, self.num_blocks = w.block_size, w.kv_dtype, w.num_blocks
-            self.cuda_graph_capture_s = 0.0
             log.info("KV cache: %d blocks of %d tokens (%d tokens, %.1f MiB%s); max concurrent max_model_len "
                      "sequences: %.1f", self.num_blocks, self.block_size, self.num_blocks * self.block_size,
                      w.kv_cache_bytes() / 2**20, " per rank" if self.tp.size > 1 else "",
                      self.num_blocks * self.block_size / spec.max_model_len)
-            self.use_cuda_graphs = (self.device.type == "cuda" and self.tp.size == 1 and not config.enforce_eager
-                                    and spec.attention_backend == "triton")
+            self.use_cuda_graphs = spec.cuda_graphs
+            self.cuda_graph_capture_s = w.cuda_graph_capture_s
             if self.use_cuda_graphs:
-                self._capture_cuda_graphs(config.seqs_cap, config.spec_cap)
+                graphs = self.runner.graphs
+                assert graphs is not None
+                log.info("CUDA graphs: %d captured in %.1f s (decode batch sizes up to %d%s%s)", graphs.num_captures,
+                         self.cuda_graph_capture_s, config.seqs_cap,
+                         f", verification at {1 + config.spec_cap} tokens per sequence" if config.spec_cap else "",
+                         f"; on each of {self.tp.size} ranks" if self.tp.size > 1 else "")
         except BaseException:
             self.close()
             raise
@@ -92,22 +97,12 @@ class ModelExecutor:
         self.tp, workers = start_workers(spec, size)
         self._workers = workers
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers)
+        stopped = threading.Event()
+        self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers, stopped)
+        if spec.device_type == "cuda":
+            watch_for_stuck_steps(workers, stopped, torch.device("cuda", 0))
         log.info("tensor parallel: %d ranks (%s), worker pids %s", size, torch.distributed.get_backend(),
                  workers.pids)
-
-    def _capture_cuda_graphs(self, seqs_cap: int, spec_cap: int) -> None:
-        """Decode steps replay CUDA graphs (on a CUDA device, one rank, the Triton attention backend -- the torch
-        reference syncs with the host -- unless `enforce_eager`), captured here up to the hard caps."""
-        t0 = time.perf_counter()
-        self.runner.capture_cuda_graphs(seqs_cap)
-        torch.cuda.synchronize(self.device)
-        graphs = self.runner.graphs
-        assert graphs is not None
-        self.cuda_graph_capture_s = time.perf_counter() - t0
-        log.info("CUDA graphs: %d captured in %.1f s (decode batch sizes up to %d%s)", graphs.num_captures,
-                 self.cuda_graph_capture_s, seqs_cap,
-                 f", verification at {1 + spec_cap} tokens per sequence" if spec_cap else "")
 
     def warm_up(self, kv: KVManager, seqs_cap: int, tokens_cap: int, max_model_len: int) -> None:
         """Compile the Triton kernels of prefill and mixed steps now rather than on the first requests
@@ -116,12 +111,22 @@ class ModelExecutor:
 
     def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
                 fp32_logits: bool = True) -> torch.Tensor:
-        """The runner's step, after checking that every rank is there to run it."""
-        if self._workers is not None:
-            if self.closed:
-                raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
-            self._workers.check_alive()
-        return self.runner.execute(out, all_logits, feed, fp32_logits)
+        """The runner's step, after checking that every rank is there to run it. A step that fails because a worker
+        has exited closes the engine and raises an error naming that worker."""
+        workers = self._workers
+        if workers is None:
+            return self.runner.execute(out, all_logits, feed, fp32_logits)
+        if self.closed:
+            raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
+        try:
+            workers.check_alive()
+            return self.runner.execute(out, all_logits, feed, fp32_logits)
+        except Exception as e:
+            if workers.all_alive():
+                raise
+            dead = workers.describe_exits()
+            self.close()
+            raise RuntimeError(f"{dead}; the engine cannot step without it and is closed: restart it") from e
 
     def close(self) -> None:
         """Stop the tensor-parallel workers and leave the process groups; idempotent, and a no-op with one rank.

@@ -108,7 +108,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         # Async scheduling: the launched step whose tokens the next step() reads, and two host buffers (with
         # their events) for the tokens of the step being read and the one launched meanwhile, in turn.
-        self._async = config.async_scheduling and self.tp.size == 1
+        self._async = config.async_scheduling
         self._in_flight: _InFlight | None = None
         pin = self.device.type == "cuda"
         self._readback = [(torch.empty(config.seqs_cap, dtype=torch.int64, pin_memory=pin),

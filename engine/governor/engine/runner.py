@@ -15,13 +15,15 @@ from governor.engine.models.llama import CausalLM
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.tp.group import TPGroup
 
-# Control messages from rank 0 to tensor-parallel workers, int64: a header [command, *StepShape] then, for
-# a step, the staged buffers it uses (`_payload_parts`). The first broadcast has a fixed size and carries
-# the header and as much payload as fits, so a typical decode step costs one broadcast; a second one
+# Control messages from rank 0 to tensor-parallel workers, int64: a header [command, *StepShape, *_StepExtras]
+# then, for a step, what a worker cannot derive (`_lead`): the decode rows' tokens and positions (their slots,
+# context lengths and query starts follow from those and the block tables), every other row in full, the
+# logits rows, and the block-table entries that changed since the last step. The first broadcast has a fixed
+# size and carries the header and as much payload as fits, so a decode step costs one broadcast; a second one
 # carries the rest of a larger step.
 _SHUTDOWN, _STEP = 0, 1
-_HEADER_LEN = 7
-_FIRST_MESSAGE_LEN = 2048
+_HEADER_LEN = 11  # command, the 6 StepShape fields, the 4 _StepExtras fields
+_FIRST_MESSAGE_LEN = 1024
 
 _ALIGN = 256  # byte alignment of each field in the staging buffers (as the CUDA allocator aligns tensors)
 # A step's upload copies the used part of each field; neighbouring parts are copied together, unused gap
@@ -50,6 +52,17 @@ class StepShape:
 
 
 @dataclass
+class _StepExtras:
+    """The rest of a step's header: how its logits are computed, the length of the fed tokens (0: not fed) and of
+    the block-table changes."""
+
+    all_logits: int
+    fp32_logits: int
+    feed_len: int
+    deltas_len: int
+
+
+@dataclass
 class _HostArrays:
     """numpy views of the staged host buffers (what `stage` fills), kept to skip a .numpy() per use."""
 
@@ -72,8 +85,10 @@ class ModelRunner:
     batch, never on Python-side allocation.
 
     With a tensor-parallel group (`tp`, size > 1) the runner on rank 0 leads: after staging a step it
-    broadcasts the staged buffers over the control group, and each worker's runner (`follow`) receives
-    them into its own buffers and runs the same forward on its shard. Only rank 0 computes logits.
+    broadcasts what a worker needs of them over the control group, and each worker's runner (`follow`) rebuilds
+    the same staged buffers and runs the same forward on its shard, graphs included, and the same logits (each
+    rank computes its vocabulary rows'; all gather them). A fed step's tokens go from rank 0's device to the
+    workers' over the compute group.
 
     After `capture_cuda_graphs`, a step whose sequences each have few query tokens (a decode, or a
     speculative verification) is padded to the next captured batch size and replayed from a CUDA graph;
@@ -135,6 +150,11 @@ class ModelRunner:
         # Invariant: _row_tables[i] == host.block_tables[i, :len(_row_tables[i])]: what `_stage_block_tables`
         # last wrote to row i (the rest of the row is stale and never read: seq_lens bounds it).
         self._row_tables: list[list[int]] = [[] for _ in range(max_num_seqs)]
+        # Rank 0 of several: this step's block-table writes, flattened [row, start, n, *entries] per write, which
+        # the workers apply to their copies of the host tables (so those equal rank 0's wherever a step reads).
+        self._table_deltas: list[int] = []
+        # A worker's copy of a fed step's tokens (rank 0's previous sampled tokens).
+        self._feed = torch.zeros(self.max_logits, dtype=torch.int64, device=device) if self.tp is not None else None
         self.graphs: CudaGraphs | None = None
         self._verify_query_len = 1 + max_spec_tokens  # query tokens per sequence of a verification graph
 
@@ -191,6 +211,9 @@ class ModelRunner:
         this exact whatever the scheduler or a proposer did to the list in between."""
         bt = self.host.block_tables
         rows = self._row_tables
+        deltas = self._table_deltas if self.tp is not None else None
+        if deltas is not None:
+            deltas.clear()
         width = 0
         for i, s in enumerate(scheduled):
             table = s.seq.block_table
@@ -204,8 +227,11 @@ class ModelRunner:
                 bt[i, k:n] = table[k:]
                 row.extend(table[k:])
             else:
+                k = 0
                 bt[i, :n] = table
                 rows[i] = list(table)
+            if deltas is not None:
+                deltas += (i, k, n - k, *table[k:])
         return width
 
     def _stage_decodes(self, decodes: list[ScheduledSeq]) -> int:
@@ -230,7 +256,7 @@ class ModelRunner:
         h.logits_idx[:len(sampling)] = sampling  # a row's only token is token i
         return len(sampling)
 
-    def _write_decode_rows(self, positions: list[int], blocks: list[int]) -> None:
+    def _write_decode_rows(self, positions: list[int] | np.ndarray, blocks: list[int] | np.ndarray) -> None:
         """Rows 0..n-1 as one-token rows at `positions` (`blocks`: the block of each): their positions, KV
         slots, context lengths and query starts."""
         n, bs, h = len(positions), self.block_size, self.host
@@ -339,8 +365,6 @@ class ModelRunner:
         KV and needs no scheduler state; call it once, after the KV cache and fp8 scales are final."""
         if self.graphs is not None:
             raise RuntimeError("CUDA graphs are already captured for this runner")
-        if self.tp is not None:
-            raise RuntimeError("CUDA graphs are not supported with tensor parallelism; run eagerly")
         max_tokens, max_seqs = self.input_ids.shape[0], self.seq_lens.shape[0]
         keys = [GraphKey(b, q) for q in sorted({1, self._verify_query_len}) if max_tokens >= q
                 for b in capture_sizes(min(max_num_seqs, max_seqs, max_tokens // q))]
@@ -403,16 +427,17 @@ class ModelRunner:
         """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
         plus one per draft token of a speculative decode; or every scheduled token when `all_logits`.
         feed: the previous step's sampled tokens on the device, for a step of fed decodes (their rows'
-        `fed_from` index it); one rank only. fp32_logits=False: logits in the model's dtype, for a step
-        whose tokens are only argmaxes (`CausalLM.compute_logits`)."""
+        `fed_from` index it; under tensor parallelism rank 0 sends them to the workers). fp32_logits=False:
+        logits in the model's dtype, for a step whose tokens are only argmaxes (`CausalLM.compute_logits`)."""
         if (feed is not None) != bool(out.scheduled and out.scheduled[0].fed_from is not None):
             raise ValueError("a step of fed decodes needs the previous step's sampled tokens, and only it")
         shape = self.stage(out)
         if self.tp is not None:
-            if feed is not None:
-                raise RuntimeError("fed decode steps are not supported with tensor parallelism")
-            self._lead(shape)
-        hidden = self._run(shape, feed)
+            self._lead(shape, _StepExtras(int(all_logits), int(fp32_logits), 0 if feed is None else feed.numel(),
+                                          len(self._table_deltas)), feed)
+        return self._logits(shape, self._run(shape, feed), all_logits, fp32_logits)
+
+    def _logits(self, shape: StepShape, hidden: torch.Tensor, all_logits: bool, fp32_logits: bool) -> torch.Tensor:
         # Staged logits indices increase, so when every token needs logits (a decode step where every row
         # samples) they are 0..T-1: the rows are the hidden states as they are, no gather.
         if all_logits or shape.num_logits == shape.num_tokens:
@@ -421,49 +446,71 @@ class ModelRunner:
 
     # --- tensor parallelism: rank 0 leads, workers follow ---------------------------------------
 
-    def _payload_parts(self, shape: StepShape) -> list[np.ndarray]:
-        """Views of the staged host buffers a step uses, in payload order."""
-        t, b, w, h = shape.num_tokens, shape.num_seqs, shape.table_width, self.host
-        return [h.input_ids[:t], h.positions[:t], h.slots[:t], h.seq_lens[:b], h.qsl[:b + 1], h.block_tables[:b, :w]]
+    def _payload_parts(self, shape: StepShape, extras: _StepExtras) -> list[np.ndarray]:
+        """Views of the staged host buffers a worker cannot derive, in payload order (the block-table changes
+        follow them)."""
+        t, b, nd, n, h = shape.num_tokens, shape.num_seqs, shape.num_decodes, shape.num_logits, self.host
+        fed = extras.feed_len > 0
+        return [h.positions[:nd], h.input_ids[:0 if fed else nd], h.feed_rows[:n if fed else 0], h.logits_idx[:n],
+                h.input_ids[nd:t], h.positions[nd:t], h.slots[nd:t], h.seq_lens[nd:b], h.qsl[nd + 1:b + 1]]
 
-    def _lead(self, shape: StepShape) -> None:
-        """Rank 0: broadcast the staged step to the workers."""
+    def _lead(self, shape: StepShape, extras: _StepExtras, feed: torch.Tensor | None) -> None:
+        """Rank 0: send the staged step to the workers (and a fed step's tokens, on the device)."""
         assert self.tp is not None
-        message = np.concatenate([np.array([_STEP, *astuple(shape)], dtype=np.int64),
-                                  *(p.ravel() for p in self._payload_parts(shape))])
+        message = np.concatenate([np.array([_STEP, *astuple(shape), *astuple(extras)], dtype=np.int64),
+                                  *(p.ravel() for p in self._payload_parts(shape, extras)),
+                                  np.asarray(self._table_deltas, dtype=np.int64)])
         first = np.zeros(_FIRST_MESSAGE_LEN, dtype=np.int64)
         head = message[:_FIRST_MESSAGE_LEN]
         first[:head.size] = head
         self.tp.broadcast(torch.from_numpy(first))
         if message.size > _FIRST_MESSAGE_LEN:
             self.tp.broadcast(torch.from_numpy(message[_FIRST_MESSAGE_LEN:]))
+        if feed is not None:
+            self.tp.broadcast_device(feed)
 
     def follow(self) -> bool:
-        """A worker's half of one step: receive rank 0's staged step and run the forward on this shard.
-        Returns False when rank 0 sent the shutdown instead."""
-        assert self.tp is not None
+        """A worker's half of one step: receive rank 0's staged step, rebuild the staged buffers, and run the
+        forward and logits on this shard. Returns False when rank 0 sent the shutdown instead."""
+        assert self.tp is not None and self._feed is not None
         first = torch.empty(_FIRST_MESSAGE_LEN, dtype=torch.int64)
         self.tp.broadcast(first)
         command, *sizes = first[:_HEADER_LEN].tolist()
         if command == _SHUTDOWN:
             return False
-        shape = StepShape(*sizes)
-        parts = self._payload_parts(shape)
-        size = _HEADER_LEN + sum(p.size for p in parts)
+        shape, extras = StepShape(*sizes[:6]), _StepExtras(*sizes[6:])
+        parts = self._payload_parts(shape, extras)
+        size = _HEADER_LEN + sum(p.size for p in parts) + extras.deltas_len
         message = first
         if size > _FIRST_MESSAGE_LEN:
             rest = torch.empty(size - _FIRST_MESSAGE_LEN, dtype=torch.int64)
             self.tp.broadcast(rest)
             message = torch.cat([first, rest])
         self._wait_for_uploads()
-        for i in range(shape.num_seqs):  # the payload overwrites these rows' block tables
-            self._row_tables[i] = []
         flat, at = message.numpy(), _HEADER_LEN
         for p in parts:
             p[...] = flat[at:at + p.size].reshape(p.shape)
             at += p.size
-        self._forward(shape)
+        self._apply_table_deltas(flat[at:at + extras.deltas_len])
+        nd, h = shape.num_decodes, self.host
+        if nd:
+            pos = h.positions[:nd]
+            self._write_decode_rows(pos, h.block_tables[self._iota[:nd], pos // self.block_size])
+        h.qsl[0] = 0
+        feed = None
+        if extras.feed_len:
+            feed = self._feed[:extras.feed_len]
+            self.tp.broadcast_device(feed)
+        self._logits(shape, self._run(shape, feed), bool(extras.all_logits), bool(extras.fp32_logits))
         return True
+
+    def _apply_table_deltas(self, deltas: np.ndarray) -> None:
+        """Write rank 0's block-table changes ([row, start, n, *entries] each) into this worker's host tables."""
+        bt, at = self.host.block_tables, 0
+        while at < deltas.size:
+            row, start, n = (int(v) for v in deltas[at:at + 3])
+            bt[row, start:start + n] = deltas[at + 3:at + 3 + n]
+            at += 3 + n
 
 
 def broadcast_shutdown(tp: TPGroup) -> None:

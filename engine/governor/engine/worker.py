@@ -3,13 +3,14 @@
 With tensor_parallel_size 1 the engine's one Worker holds the whole model. With N > 1, rank 0's Worker
 lives in the engine process and leads (its runner broadcasts every step it runs); ranks 1..N-1 each
 build a Worker in a process of their own (tp/processes.py) and follow. Every rank builds its Worker
-through the same sequence of collectives — load status, fp8 calibration, the KV block count — so
-they pair up across ranks.
+through the same sequence of collectives — the all-reduce path, load status, fp8 calibration, the KV
+block count, the CUDA graph captures — so they pair up across ranks.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -43,6 +44,9 @@ class WorkerSpec:
     attention_backend: str  # "torch" or "triton"
     calibration_vocab: int  # fp8 calibration draws token ids below this
     draft_bytes_per_block: int = 0  # rank 0's draft-model cache grows with the target's block count
+    # Decode and verification steps replay CUDA graphs, captured by every rank at start: on CUDA with the Triton
+    # attention backend (the torch reference syncs with the host), unless enforce_eager.
+    cuda_graphs: bool = False
 
 
 class Worker:
@@ -55,11 +59,15 @@ class Worker:
         self.device = rank_device(spec.device_type, tp.rank, tp.size)
         self.local_config = shard_config(spec.model_config, tp.size)
         self.block_size = cfg.block_size
+        if tp.size > 1:
+            why_not = tp.use_p2p(self.device, spec.dtype, enabled=not cfg.disable_custom_all_reduce)
+            if tp.rank == 0 and self.device.type == "cuda":
+                log.info("tensor parallel: small all-reduces %s", "over peer-to-peer buffers (one-shot/two-shot), "
+                         "large ones over NCCL" if why_not is None else f"over NCCL ({why_not})")
         error: Exception | None = None
         try:
             self.model = CausalLM(self.local_config, spec.dtype, self.device, spec.max_model_len,
-                                  PagedAttention(spec.attention_backend, spec.model_config.head_dim ** -0.5), tp,
-                                  lm_head=tp.rank == 0)
+                                  PagedAttention(spec.attention_backend, spec.model_config.head_dim ** -0.5), tp)
             self.model.load_weights(self._weights())
         except Exception as e:
             if tp.size == 1:
@@ -81,6 +89,12 @@ class Worker:
                                            self.device)
         self.runner = ModelRunner(self.model, self.kv_caches, self.block_size, cfg.tokens_cap, cfg.seqs_cap,
                                   spec.max_model_len, self.device, cfg.spec_cap, tp)
+        self.cuda_graph_capture_s = 0.0
+        if spec.cuda_graphs:
+            t0 = time.perf_counter()
+            self.runner.capture_cuda_graphs(cfg.seqs_cap)  # every rank the same ladder, in the same order
+            torch.cuda.synchronize(self.device)
+            self.cuda_graph_capture_s = time.perf_counter() - t0
 
     def _weights(self) -> Iterator[tuple[str, LazyTensor]]:
         cfg = self.spec.config

@@ -6,7 +6,10 @@ math exactly (fp32 RMSNorm statistics, rotate-half rotary) so fp32 outputs match
 
 Under tensor parallelism the model is built from the rank's `shard_config` (its share of the heads and
 MLP columns, tp/sharding.py) and `load_weights` reads only that rank's slice of each checkpoint tensor;
-o_proj and down_proj outputs are partial sums, completed by an all-reduce over the ranks.
+o_proj and down_proj outputs are partial sums, completed by an all-reduce over the ranks. The vocabulary is
+split too: each rank holds ceil(V / N) rows of the embedding and of lm_head (the last rank's tail is zero
+padding). A token's embedding comes from the rank that holds its row (the others add zeros, in the same
+all-reduce pattern), and each rank's logits cover its rows; they are gathered for the rows that sample only.
 
 A pre-quantized checkpoint (AWQ, GPTQ: `cfg.quantization`) holds each decoder linear as a `QuantizedLinear`
 (models/quantization.py) in place of the dense weight, fused the same way; it runs the reference dequantize
@@ -213,11 +216,11 @@ _PACKED_PARTS = {"q_proj": ("self_attn", "qkv_weight", 0), "k_proj": ("self_attn
 class CausalLM(nn.Module):
     """Decoder-only transformer of the Llama family; forward over a flattened, paged batch.
 
-    `cfg` is the rank's share of the model (`shard_config`; the whole model when `tp` is SINGLE).
-    `lm_head=False` leaves the output projection out (tensor-parallel workers never compute logits)."""
+    `cfg` is the rank's share of the model (`shard_config`; the whole model when `tp` is SINGLE); the rank holds
+    vocabulary rows [vocab_start, vocab_start + vocab_rows) of the embedding and lm_head."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
-                 backend: PagedAttention, tp: TPGroup = SINGLE, lm_head: bool = True) -> None:
+                 backend: PagedAttention, tp: TPGroup = SINGLE) -> None:
         super().__init__()
         if cfg.quantization is not None and tp.size > 1:
             raise UnsupportedModelError(
@@ -234,22 +237,33 @@ class CausalLM(nn.Module):
                 backend.policy = policy_for(device)
             self.kernels = backend.policy
         self.rotary = Rotary(cfg.rope, cfg.head_dim, max_positions, dtype, device)
-        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.vocab_rows = -(-cfg.vocab_size // tp.size)
+        self.vocab_start = tp.rank * self.vocab_rows
+        self.embed_tokens = _param(self.vocab_rows, cfg.hidden_size, dtype=dtype, device=device)
         self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp, self.rotary)
                                for _ in range(cfg.num_layers)]
         self.layers = nn.ModuleList(self.decoder_layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.lm_head: torch.Tensor | None = None
-        if lm_head:
-            self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
-                            else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device))
+        self.lm_head = (self.embed_tokens if cfg.tie_word_embeddings
+                        else _param(self.vocab_rows, cfg.hidden_size, dtype=dtype, device=device))
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Each token's embedding row; under tensor parallelism, summed over the ranks, each giving the rows it
+        holds and zeros for the rest (no host sync: the step stays capturable)."""
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.embed_tokens)
+        local = input_ids - self.vocab_start
+        held = (local >= 0) & (local < self.vocab_rows)
+        h = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed_tokens) * held.unsqueeze(1).to(
+            self.embed_tokens.dtype)
+        return self.tp.all_reduce(h)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states after the final norm, [T, hidden]."""
         kernels = self.kernels
-        h = F.embedding(input_ids, self.embed_tokens)
+        h = self.embed(input_ids)
         cos_sin = None if kernels is not None else self.rotary.lookup(positions)  # gathered once for every layer
         residual: torch.Tensor | None = None  # the residual stream; h is the last block's output
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
@@ -263,11 +277,11 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
         """Logits of each row of `hidden`: fp32, or (fp32=False) in the model's dtype as the lm_head GEMM
         gives them, for callers that only take their argmax (widening to fp32 keeps every value, so the
-        argmax is the same: it saves a [rows, vocab] fp32 copy a step)."""
-        if self.lm_head is None:
-            raise RuntimeError("this model was built without lm_head (a tensor-parallel worker): it computes "
-                               "no logits")
+        argmax is the same: it saves a [rows, vocab] fp32 copy a step). Under tensor parallelism every rank
+        calls it with the same rows: each computes its vocabulary rows' logits and all gather them."""
         logits = linear(hidden, self.lm_head, None, self.kernels)
+        if self.tp.size > 1:
+            logits = self.tp.all_gather_columns(logits)[:, :self.cfg.vocab_size]
         return logits.float() if fp32 else logits
 
     @torch.inference_mode()
@@ -297,11 +311,14 @@ class CausalLM(nn.Module):
                 continue
             target, rows, split_dim = self._target(hf_name, layer_re, fused_rows)
             if target is None:
-                if "rotary_emb" in hf_name or (hf_name == "lm_head.weight"
-                                               and (cfg.tie_word_embeddings or self.lm_head is None)):
+                if "rotary_emb" in hf_name or (hf_name == "lm_head.weight" and cfg.tie_word_embeddings):
                     continue
                 raise ValueError(f"unexpected tensor {hf_name!r} in checkpoint for {cfg.architecture}")
             param = self.get_parameter(target)
+            if target in ("embed_tokens", "lm_head"):
+                self._load_vocab_rows(hf_name, tensor, param.data)
+                pending[target] -= 1
+                continue
             dest = param.data if rows is None else param.data[rows[0]:rows[1]]
             dest.copy_(self._read_shard(hf_name, tensor, tuple(dest.shape), split_dim))
             pending[target] -= dest.shape[0] if rows is not None else 1
@@ -328,6 +345,20 @@ class CausalLM(nn.Module):
         assert isinstance(module, QuantizedLinear)
         module.load(part, m.group(4), tensor[:], hf_name)
 
+    def _load_vocab_rows(self, hf_name: str, tensor: LazyTensor, dest: torch.Tensor) -> None:
+        """This rank's vocabulary rows of an embedding-shaped tensor [V, hidden]; rows past V are zeros."""
+        full = (self.cfg.vocab_size, self.cfg.hidden_size)
+        if tuple(tensor.get_shape()) != full:
+            raise ValueError(f"tensor {hf_name!r} has shape {tuple(tensor.get_shape())}, expected {full} from "
+                             "config.json")
+        start = self.vocab_start
+        end = min(start + self.vocab_rows, self.cfg.vocab_size)
+        if self.tp.size == 1:
+            dest.copy_(tensor[:])
+            return
+        dest[:end - start].copy_(tensor[start:end])
+        dest[end - start:].zero_()
+
     def _read_shard(self, hf_name: str, tensor: LazyTensor, dest_shape: tuple[int, ...],
                     split_dim: int | None) -> torch.Tensor:
         """Read this rank's part of `tensor` (all of it when it is replicated or there is one rank)."""
@@ -347,12 +378,11 @@ class CausalLM(nn.Module):
         """(parameter, its rows this tensor fills or None for all, the dim the tensor is split along
         across ranks or None when replicated)."""
         if hf_name == "model.embed_tokens.weight":
-            return "embed_tokens", None, None
+            return "embed_tokens", None, 0
         if hf_name == "model.norm.weight":
             return "norm.weight", None, None
         if hf_name == "lm_head.weight":
-            return (None, None, None) if self.cfg.tie_word_embeddings or self.lm_head is None else ("lm_head", None,
-                                                                                                     None)
+            return (None, None, None) if self.cfg.tie_word_embeddings else ("lm_head", None, 0)
         m = layer_re.match(hf_name)
         if m is None:
             return None, None, None

@@ -4,6 +4,9 @@ Two groups over the same ranks, as vLLM has them: `compute` carries the model's 
 CUDA, rank r on cuda:r; gloo on CPU) and `control` (always gloo, on CPU tensors) carries rank 0's
 messages to the workers: each prepared step, the shutdown, and the few agreements made at start.
 The control group's timeout is long because a worker waits on it for as long as the engine is idle.
+
+On CUDA the compute group's small all-reduces (a decode step's) go over peer-to-peer buffers instead of
+NCCL when every GPU can reach every other (`tp/all_reduce.py`); `use_p2p` turns that on, on every rank.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from governor.engine.tp.all_reduce import AllReducePolicy, P2PAllReduce, p2p_unavailable_reason
+
+# Ranks' equal tensors concatenated along dim 0 (renamed in newer PyTorch; the old name warns there).
+_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 COMPUTE_TIMEOUT = timedelta(minutes=10)  # rendezvous, and any one all-reduce
 CONTROL_TIMEOUT = timedelta(days=365)  # a worker waits here between steps, however long the engine idles
@@ -29,12 +37,41 @@ class TPGroup:
     size: int = 1
     compute: Any = None  # torch.distributed ProcessGroup, None when size is 1
     control: Any = None
+    p2p: P2PAllReduce | None = None  # the all-reduce of small messages on CUDA, when `use_p2p` set it up
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the ranks, in place (the partial outputs of a row-parallel matmul)."""
+        if self.p2p is not None:
+            return self.p2p(x)
         if self.size > 1:
             dist.all_reduce(x, group=self.compute)
         return x
+
+    def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, n] on every rank -> [rows, size * n], rank r's columns at r * n (a vocabulary-parallel matmul's
+        outputs side by side)."""
+        if self.size == 1:
+            return x
+        rows, n = x.shape
+        out = torch.empty(self.size * rows, n, dtype=x.dtype, device=x.device)
+        _all_gather_into_tensor(out, x.contiguous(), group=self.compute)
+        return out.view(self.size, rows, n).permute(1, 0, 2).reshape(rows, self.size * n)
+
+    def broadcast_device(self, x: torch.Tensor) -> None:
+        """Rank 0's device tensor `x` into every rank's `x`, over the compute group (stream-ordered, no host sync)."""
+        if self.size > 1:
+            dist.broadcast(x, src=0, group=self.compute)
+
+    def use_p2p(self, device: torch.device, dtype: torch.dtype, enabled: bool = True) -> str | None:
+        """Set up the peer-to-peer all-reduce where every rank can (they agree: all or none); collective.
+        Returns why it is not used, or None when it is."""
+        if self.size == 1:
+            return "one rank"
+        reason = "disabled (disable_custom_all_reduce)" if not enabled else p2p_unavailable_reason(device, self.size)
+        if self.min(0 if reason is not None else 1) == 0:
+            return reason or "another rank cannot use it"
+        self.p2p = P2PAllReduce(self.compute, device, dtype, AllReducePolicy.for_size(self.size))
+        return None
 
     def broadcast(self, x: torch.Tensor) -> None:
         """Rank 0's CPU tensor `x` into every rank's `x` (same shape and dtype), over the control group."""
@@ -100,4 +137,4 @@ def destroy_tp_group(tp: TPGroup) -> None:
     """Leave the groups (idempotent; a no-op for `SINGLE`)."""
     if tp.size > 1 and dist.is_initialized():
         dist.destroy_process_group()
-    tp.compute = tp.control = None
+    tp.compute = tp.control = tp.p2p = None

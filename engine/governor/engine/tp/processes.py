@@ -44,10 +44,13 @@ class WorkerProcesses:
 
     def check_alive(self) -> None:
         """RuntimeError naming a worker that has exited (rank 0 must not wait on it in a collective)."""
-        for rank, p in enumerate(self.procs, start=1):
-            if not p.is_alive():
-                raise RuntimeError(f"tensor-parallel worker rank {rank} (pid {p.pid}) exited with code "
-                                   f"{p.exitcode}; the engine cannot step without it: restart the engine")
+        if not self.all_alive():
+            raise RuntimeError(f"{self.describe_exits()}; the engine cannot step without it: restart the engine")
+
+    def describe_exits(self) -> str:
+        """The workers that have exited, with their exit codes."""
+        return "; ".join(f"tensor-parallel worker rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
+                         for rank, p in enumerate(self.procs, start=1) if not p.is_alive())
 
     def all_alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)

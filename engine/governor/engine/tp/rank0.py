@@ -4,6 +4,11 @@ sending them the shutdown and waiting for them at the end."""
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
+
+import torch
 
 from governor.engine.runner import broadcast_shutdown
 from governor.engine.tp.group import (
@@ -33,9 +38,9 @@ def start_workers(spec: WorkerSpec, size: int) -> tuple[TPGroup, WorkerProcesses
     return tp, workers
 
 
-def stop_workers(tp: TPGroup, workers: WorkerProcesses) -> None:
+def stop_workers(tp: TPGroup, workers: WorkerProcesses, stopped: threading.Event | None = None) -> None:
     """Send the shutdown (when every worker can still take it), leave the groups as the workers do, and
-    wait for them to exit."""
+    wait for them to exit; then set `stopped`."""
     if workers.all_alive():
         try:
             broadcast_shutdown(tp)
@@ -44,3 +49,43 @@ def stop_workers(tp: TPGroup, workers: WorkerProcesses) -> None:
     # Before the join: tearing NCCL down may wait for every rank to do it too.
     destroy_tp_group(tp)
     workers.join()
+    if stopped is not None:
+        stopped.set()
+
+
+STUCK_STEP_GRACE_S = 10.0
+STUCK_STEP_EXIT_CODE = 70
+
+
+def watch_for_stuck_steps(workers: WorkerProcesses, stopped: threading.Event, device: torch.device,
+                          poll_s: float = 0.5, grace_s: float = STUCK_STEP_GRACE_S) -> threading.Thread:
+    """A daemon thread that ends rank 0's process when a worker has exited in the middle of a GPU step.
+
+    Rank 0's GPU then waits forever in that step's collective (a peer-to-peer barrier has no timeout; NCCL's is
+    minutes), and so does any host thread that waits for the step's results: no exception can reach the engine.
+    A worker's exit while rank 0's GPU is idle needs nothing from here: the next step raises (`ModelExecutor.execute`).
+    So once a worker is gone, until the workers are stopped (`stopped`: a close can hang on that step too), the
+    thread watches rank 0's GPU; if it still has work queued `grace_s` later, it logs which worker exited and exits
+    the process with STUCK_STEP_EXIT_CODE. (A normal close stops the workers with rank 0's GPU idle.)"""
+
+    def watch() -> None:
+        stream = torch.cuda.default_stream(device)
+        dead_since: float | None = None
+        while not stopped.wait(poll_s):
+            if workers.all_alive():
+                continue
+            now = time.monotonic()
+            if dead_since is None:
+                dead_since = now
+            if stream.query():
+                dead_since = now  # idle: the next step raises instead
+            elif now - dead_since >= grace_s:
+                log.critical("%s while a step was running on the GPUs: rank 0 cannot finish that step without it. "
+                             "Ending the engine's process (exit code %d)", workers.describe_exits(),
+                             STUCK_STEP_EXIT_CODE)
+                logging.shutdown()
+                os._exit(STUCK_STEP_EXIT_CODE)
+
+    thread = threading.Thread(target=watch, name="governor-tp-step-watchdog", daemon=True)
+    thread.start()
+    return thread

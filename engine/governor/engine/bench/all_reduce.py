@@ -1,0 +1,119 @@
+"""`governor bench all-reduce`: the time of one all-reduce by message size and path, on N GPUs of this host.
+
+Each path — one-shot and two-shot over peer-to-peer buffers, and NCCL (tp/all_reduce.py) — runs `calls`
+all-reduces of one size captured in a CUDA graph, as a decode step issues them; the graph is replayed `replays`
+times and rank 0 times the replays with CUDA events. Each path's sum is checked against a float64 sum of what
+every rank put in. The table is what the thresholds in tp/all_reduce.py come from, and its per-size times are the
+all-reduce share of a decode step's roofline (`bench latency` at TP > 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from governor.engine.tp.all_reduce import AllReducePolicy, P2PAllReduce, p2p_unavailable_reason
+from governor.engine.tp.group import destroy_tp_group, free_port, init_tp_group
+
+PATHS = ("one_shot", "two_shot", "nccl")
+_FORCED = {"one_shot": lambda big: AllReducePolicy(big, big), "two_shot": lambda big: AllReducePolicy(0, big),
+           "nccl": lambda big: AllReducePolicy(0, 0)}
+
+
+def bench_all_reduce(world: int, sizes: list[int], dtype: torch.dtype, calls: int = 20,
+                     replays: int = 50) -> dict[str, Any]:
+    """Rows {bytes, path, us, max_abs_err} for every size (bytes) and path, from `world` processes, one per GPU."""
+    if torch.cuda.device_count() < world:
+        raise ValueError(f"bench all-reduce --tp {world} needs {world} GPUs; torch sees {torch.cuda.device_count()}")
+    reason = p2p_unavailable_reason(torch.device("cuda", 0), world)
+    if reason is not None:
+        raise ValueError(f"the peer-to-peer all-reduce cannot run here: {reason}")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, sizes, dtype, calls, replays, queue))
+             for rank in range(world)]
+    for p in procs:
+        p.start()
+    result = queue.get()
+    for p in procs:
+        p.join(60)
+    if isinstance(result, str):
+        raise RuntimeError(f"bench all-reduce failed: {result}")
+    result["info"] = {"world": world, "dtype": str(dtype).removeprefix("torch."), "calls_per_graph": calls,
+                      "replays": replays, "policy": AllReducePolicy.for_size(world).__dict__}
+    return result
+
+
+def _rank_main(rank: int, world: int, port: int, sizes: list[int], dtype: torch.dtype, calls: int, replays: int,
+               queue: Any) -> None:
+    device = torch.device("cuda", rank)
+    tp = init_tp_group(rank, world, port, device)
+    try:
+        rows = _measure(tp, device, sizes, dtype, calls, replays)
+        if rank == 0:
+            queue.put({"rows": rows})
+    except Exception as e:
+        if rank == 0:
+            queue.put(f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        destroy_tp_group(tp)
+
+
+def _measure(tp: Any, device: torch.device, sizes: list[int], dtype: torch.dtype, calls: int,
+             replays: int) -> list[dict[str, Any]]:
+    big = max(sizes)
+    reducers = {path: P2PAllReduce(tp.compute, device, dtype, _FORCED[path](big)) for path in PATHS}
+    rows = []
+    for nbytes in sizes:
+        n = nbytes // dtype.itemsize
+        gen = torch.Generator(device=device).manual_seed(1000 * tp.rank + n)
+        inputs = torch.randn(calls, n, generator=gen, device=device).to(dtype)
+        everyone = [torch.empty_like(inputs) for _ in range(tp.size)]
+        dist.all_gather(everyone, inputs, group=tp.compute)
+        want = torch.stack(everyone).double().sum(0)
+        for path in PATHS:
+            reduce = reducers[path]
+            work = inputs.clone()
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # warm-up outside the capture
+                for i in range(calls):
+                    reduce(work[i])
+            torch.cuda.current_stream(device).wait_stream(side)
+            work.copy_(inputs)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i in range(calls):
+                    reduce(work[i])
+            work.copy_(inputs)
+            graph.replay()
+            torch.cuda.synchronize(device)
+            err = float((work.double() - want).abs().max())
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            dist.barrier(group=tp.compute)
+            torch.cuda.synchronize(device)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize(device)
+            rows.append({"bytes": nbytes, "path": path, "us": start.elapsed_time(end) * 1e3 / (replays * calls),
+                         "max_abs_err": err})
+    return rows
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'8K,1M,4096' -> [8192, 1048576, 4096] (K: KiB, M: MiB)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().upper()
+        scale = {"K": 1024, "M": 1024 * 1024}.get(part[-1:], 1)
+        sizes.append(int(part.rstrip("KM")) * scale)
+    if not sizes or min(sizes) <= 0:
+        raise ValueError(f"--sizes needs positive byte counts, got {text!r}")
+    return sizes

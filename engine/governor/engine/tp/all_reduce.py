@@ -1,0 +1,117 @@
+"""The all-reduce of a tensor-parallel step on CUDA, chosen by message size.
+
+A decode step's all-reduces are small (batch × hidden values: 8 KiB at batch 1 of an 8B model) and there are two
+per layer, so their latency, not their bandwidth, is what a step pays. NCCL's ring moves a small message through
+every rank in turn. Over peer-to-peer buffers (CUDA IPC: each rank's buffer is mapped into every other rank's
+address space over NVLink) a message needs no hops:
+
+- one-shot: each rank copies its part into its own buffer, all ranks meet at a barrier, and each reads every
+  rank's part and sums them. One kernel; each rank reads N parts, so it pays for small messages only;
+- two-shot: a reduce-scatter (each rank sums one 1/N slice from every buffer) then an all-gather of the slices.
+  Two barriers, but each rank reads 2(N-1)/N of the message, so it pays for mid-sized ones;
+- NCCL for everything larger (prefill chunks), where bandwidth is what counts.
+
+The P2P paths are PyTorch's symmetric-memory kernels (`torch.ops.symm_mem`) on buffers allocated once at start.
+Both end in a barrier, so a buffer is never overwritten while a peer still reads it, and neither needs the host:
+they are captured into CUDA graphs like any kernel. NVLink multicast is never used: the buffers are made with
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (no multicast object is created) and only the peer-to-peer kernels are called.
+
+Thresholds come from `governor bench all-reduce` (docs/performance/tensor-parallelism.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("governor.engine")
+
+# Largest message (bytes) each path takes, by group size; beyond the two-shot bound, NCCL.
+# Measured on H100/H200 NVLink hosts with `governor bench all-reduce`.
+_ONE_SHOT_MAX = {2: 512 * 1024, 4: 256 * 1024}
+_TWO_SHOT_MAX = {2: 4 * 1024 * 1024, 4: 4 * 1024 * 1024}
+_DEFAULT_ONE_SHOT_MAX = 128 * 1024
+_DEFAULT_TWO_SHOT_MAX = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AllReducePolicy:
+    """Which path a message of a given size takes (bytes): one-shot up to `one_shot_max`, two-shot up to
+    `two_shot_max`, NCCL above. 0 turns a P2P path off."""
+
+    one_shot_max: int
+    two_shot_max: int
+
+    @classmethod
+    def for_size(cls, world: int) -> AllReducePolicy:
+        return cls(_ONE_SHOT_MAX.get(world, _DEFAULT_ONE_SHOT_MAX), _TWO_SHOT_MAX.get(world, _DEFAULT_TWO_SHOT_MAX))
+
+    def path(self, nbytes: int) -> str:
+        if nbytes <= self.one_shot_max:
+            return "one_shot"
+        if nbytes <= self.two_shot_max:
+            return "two_shot"
+        return "nccl"
+
+    @property
+    def buffer_bytes(self) -> int:
+        return max(self.one_shot_max, self.two_shot_max)
+
+
+def p2p_unavailable_reason(device: torch.device, world: int) -> str | None:
+    """Why the P2P paths cannot run here (None when they can): they need CUDA, PyTorch's symmetric-memory
+    kernels, and peer access between every pair of this host's first `world` GPUs."""
+    if device.type != "cuda":
+        return f"device {device} is not CUDA"
+    ops = getattr(torch.ops, "symm_mem", None)
+    for name in ("one_shot_all_reduce_copy_out", "two_shot_all_reduce_out"):
+        if ops is None or not hasattr(ops, name):
+            return f"this PyTorch ({torch.__version__}) has no torch.ops.symm_mem.{name}"
+    for a in range(world):
+        for b in range(world):
+            if a != b and not torch.cuda.can_device_access_peer(a, b):
+                return f"GPU {a} cannot access GPU {b}'s memory (no peer-to-peer path)"
+    return None
+
+
+class P2PAllReduce:
+    """One-shot and two-shot all-reduce over symmetric P2P buffers of the model's dtype, NCCL above them.
+
+    Made collectively (every rank, in the same order) after the process group exists."""
+
+    def __init__(self, group: Any, device: torch.device, dtype: torch.dtype, policy: AllReducePolicy) -> None:
+        # No multicast object is ever created: the buffers are plain P2P mappings.
+        os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if getattr(symm_mem, "get_backend", None) is not None and symm_mem.get_backend(device) != "CUDA":
+            symm_mem.set_backend("CUDA")  # the kernels below are the CUDA backend's (not NVSHMEM's)
+        self.group = group
+        self.group_name: str = group.group_name
+        self.policy = policy
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:  # needed before rendezvous by older PyTorch; a no-op where it is not
+            enable(self.group_name)
+        self.buffer = symm_mem.empty(max(policy.buffer_bytes, 4096) // dtype.itemsize, dtype=dtype, device=device)
+        symm_mem.rendezvous(self.buffer, self.group_name)
+        self.dtype = dtype
+        self.ops = torch.ops.symm_mem
+        self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0}  # by path, counted when issued (and captured)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place (x contiguous)."""
+        path = self.policy.path(x.nbytes) if x.dtype == self.dtype and x.is_contiguous() else "nccl"
+        self.calls[path] += 1
+        if path == "nccl":
+            dist.all_reduce(x, group=self.group)
+            return x
+        staged = self.buffer[:x.numel()].view(x.shape)
+        if path == "one_shot":  # the kernel copies x into this rank's buffer itself
+            return self.ops.one_shot_all_reduce_copy_out(staged, x, "sum", self.group_name, torch.empty_like(x))
+        staged.copy_(x)
+        return self.ops.two_shot_all_reduce_out(staged, "sum", self.group_name, x)
