@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,8 @@ log = logging.getLogger("governor.engine")
 
 # Largest message (bytes) each path takes, by group size; beyond the two-shot bound, NCCL.
 # Measured on H100/H200 NVLink hosts with `governor bench all-reduce`.
-_ONE_SHOT_MAX = {2: 512 * 1024, 4: 256 * 1024}
-_TWO_SHOT_MAX = {2: 4 * 1024 * 1024, 4: 4 * 1024 * 1024}
+_ONE_SHOT_MAX = {2: 512 * 1024, 4: 512 * 1024}
+_TWO_SHOT_MAX = {2: 8 * 1024 * 1024, 4: 8 * 1024 * 1024}
 _DEFAULT_ONE_SHOT_MAX = 128 * 1024
 _DEFAULT_TWO_SHOT_MAX = 2 * 1024 * 1024
 
@@ -92,19 +93,25 @@ class P2PAllReduce:
         if getattr(symm_mem, "get_backend", None) is not None and symm_mem.get_backend(device) != "CUDA":
             symm_mem.set_backend("CUDA")  # the kernels below are the CUDA backend's (not NVSHMEM's)
         self.group = group
-        self.group_name: str = group.group_name
         self.policy = policy
-        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enable is not None:  # needed before rendezvous by older PyTorch; a no-op where it is not
-            enable(self.group_name)
+        # Symmetric memory keeps, per group name, the store its rendezvous goes through, for the life of the
+        # process; an engine's groups are named as the last engine's were ("0"), so a second engine in this
+        # process would rendezvous through the first one's closed store. Each set of buffers gets a name of
+        # its own, rank 0's, registered with this engine's store.
+        name = [f"governor-p2p-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
+        dist.broadcast_object_list(name, src=0, group=group, device=device)
+        self.group_name: str = str(name[0])
+        store = dist.PrefixStore(self.group_name, dist.distributed_c10d._get_default_store())
+        torch._C._distributed_c10d._SymmetricMemory.set_group_info(self.group_name, dist.get_rank(group),
+                                                                   dist.get_world_size(group), store)
         self.buffer = symm_mem.empty(max(policy.buffer_bytes, 4096) // dtype.itemsize, dtype=dtype, device=device)
-        symm_mem.rendezvous(self.buffer, self.group_name)
+        symm_mem.rendezvous(self.buffer, self.group_name)  # type: ignore[arg-type]  # GroupName in newer PyTorch
         self.dtype = dtype
         self.ops = torch.ops.symm_mem
         self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0}  # by path, counted when issued (and captured)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place (x contiguous)."""
+        """The sum of `x` over the ranks: `x` itself, summed in place (NCCL, two-shot), or a new tensor (one-shot)."""
         path = self.policy.path(x.nbytes) if x.dtype == self.dtype and x.is_contiguous() else "nccl"
         self.calls[path] += 1
         if path == "nccl":

@@ -40,7 +40,8 @@ class TPGroup:
     p2p: P2PAllReduce | None = None  # the all-reduce of small messages on CUDA, when `use_p2p` set it up
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place (the partial outputs of a row-parallel matmul)."""
+        """The sum of `x` over the ranks (the partial outputs of a row-parallel matmul): `x` summed in place, or a
+        new tensor (the one-shot path); use the returned tensor."""
         if self.p2p is not None:
             return self.p2p(x)
         if self.size > 1:
