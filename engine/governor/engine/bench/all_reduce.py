@@ -61,6 +61,7 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], dtype: torch.
             queue.put(f"{type(e).__name__}: {e}")
         raise
     finally:
+        tp.p2p = None  # the reducers here are the bench's own
         destroy_tp_group(tp)
 
 
@@ -68,6 +69,15 @@ def _measure(tp: Any, device: torch.device, sizes: list[int], dtype: torch.dtype
              replays: int) -> list[dict[str, Any]]:
     big = max(sizes)
     reducers = {path: P2PAllReduce(tp.compute, device, dtype, _FORCED[path](big)) for path in PATHS}
+    try:
+        return _time_paths(tp, device, sizes, dtype, calls, replays, reducers)
+    finally:
+        for r in reducers.values():
+            r.close()
+
+
+def _time_paths(tp: Any, device: torch.device, sizes: list[int], dtype: torch.dtype, calls: int, replays: int,
+                reducers: dict[str, P2PAllReduce]) -> list[dict[str, Any]]:
     rows = []
     for nbytes in sizes:
         n = nbytes // dtype.itemsize

@@ -97,18 +97,26 @@ class P2PAllReduce:
         # Symmetric memory keeps, per group name, the store its rendezvous goes through, for the life of the
         # process; an engine's groups are named as the last engine's were ("0"), so a second engine in this
         # process would rendezvous through the first one's closed store. Each set of buffers gets a name of
-        # its own, rank 0's, registered with this engine's store.
+        # its own, rank 0's, registered with this engine's store and as another name of the group (the kernels
+        # look the group up by name); `close` drops that name.
         name = [f"governor-p2p-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
         dist.broadcast_object_list(name, src=0, group=group, device=device)
         self.group_name: str = str(name[0])
+        c10d: Any = torch._C._distributed_c10d  # group names are str before PyTorch's GroupName type
         store = dist.PrefixStore(self.group_name, dist.distributed_c10d._get_default_store())
-        torch._C._distributed_c10d._SymmetricMemory.set_group_info(self.group_name, dist.get_rank(group),
-                                                                   dist.get_world_size(group), store)
+        c10d._SymmetricMemory.set_group_info(self.group_name, dist.get_rank(group), dist.get_world_size(group),
+                                             store)
+        c10d._register_process_group(self.group_name, group)
         self.buffer = symm_mem.empty(max(policy.buffer_bytes, 4096) // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)  # type: ignore[arg-type]  # GroupName in newer PyTorch
         self.dtype = dtype
         self.ops = torch.ops.symm_mem
         self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0}  # by path, counted when issued (and captured)
+
+    def close(self) -> None:
+        """Drop the group's extra name (before the group is destroyed)."""
+        c10d: Any = torch._C._distributed_c10d
+        c10d._unregister_process_group(self.group_name)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the ranks: `x` itself, summed in place (NCCL, two-shot), or a new tensor (one-shot)."""

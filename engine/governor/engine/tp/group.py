@@ -136,6 +136,8 @@ def init_tp_group(rank: int, size: int, port: int, device: torch.device) -> TPGr
 
 def destroy_tp_group(tp: TPGroup) -> None:
     """Leave the groups (idempotent; a no-op for `SINGLE`)."""
+    if tp.p2p is not None:
+        tp.p2p.close()
     if tp.size > 1 and dist.is_initialized():
         dist.destroy_process_group()
     tp.compute = tp.control = tp.p2p = None
