@@ -2,11 +2,12 @@
 the peer-to-peer all-reduce carries the decode steps, async steps feed every rank, bf16 tokens agree with one
 GPU's, and a worker that dies in the middle of a step ends the engine's process with an error naming it.
 
-The checkpoint has 4 KV heads so that it splits over 4 ranks."""
+Each engine runs in a process of its own (`_run`): a process sets up peer-to-peer buffers for its first
+tensor-parallel engine only (tp/all_reduce.py). The checkpoint has 4 KV heads so that it splits over 4 ranks."""
 
 from __future__ import annotations
 
-import multiprocessing
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from governor.engine import LLM
 from tests.conftest import build_hf_checkpoint
-from tests.test_engine_parity import greedy, mixed_prompts
-from tests.test_spec_decode import tokens
-from tests.test_tensor_parallel import record_leads
+from tests.test_engine_parity import mixed_prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -37,52 +35,71 @@ def bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                num_key_value_heads=4, num_hidden_layers=4)
 
 
+_ENGINE_RUN = """
+import json, sys
+import torch
+from governor.engine import LLM, SamplingParams
+job = json.loads(sys.argv[1])
+torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity needs true fp32 matmuls
+llm = LLM(job["path"], **job["engine"])
+runner, fed = llm.engine.runner, []
+if runner.tp is not None:
+    inner = runner._lead
+    def lead(shape, extras, feed):
+        fed.append(extras.feed_len)
+        inner(shape, extras, feed)
+    runner._lead = lead
+params = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True)
+tokens = [[list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in batch], params)]
+          for batch in job["batches"]]
+graphs, p2p = runner.graphs, llm.engine.tp.p2p
+print("RESULT " + json.dumps({"tokens": tokens, "captures": graphs.num_captures if graphs else 0,
+                              "replays": graphs.num_replays if graphs else 0,
+                              "p2p_calls": p2p.calls if p2p else None, "fed_steps": sum(1 for n in fed if n)}))
+llm.close()
+"""
+
+
+def _run(path: Path, batches: list[list[list[int]]], new_tokens: int = 32, **engine: Any) -> dict[str, Any]:
+    """Greedy tokens of each batch of prompts from an engine of `engine` settings, in a process of its own; with
+    what it replayed and sent."""
+    job = json.dumps({"path": str(path), "engine": engine, "batches": batches, "new_tokens": new_tokens})
+    proc = subprocess.run([sys.executable, "-c", _ENGINE_RUN, job], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return dict(json.loads(line.removeprefix("RESULT ")))
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_gpu_graphs_give_the_eager_tokens_bitwise_on_every_rank_count(bf16_checkpoint: Path, size: int) -> None:
-    prompts = {b: mixed_prompts(b, seed=50 + b, lo=20, hi=40) for b in (1, 3, 8)}
-    kwargs: dict[str, Any] = dict(tensor_parallel_size=size, max_num_seqs=8)
-    with LLM(str(bf16_checkpoint), **kwargs) as llm:
-        graphs = llm.engine.runner.graphs
-        assert graphs is not None and graphs.num_captures > 0
-        p2p = llm.engine.tp.p2p
-        assert p2p is not None, "the peer-to-peer all-reduce should be set up on a GPU host"
-        replays = graphs.num_replays
-        with_graphs = {b: tokens(llm.generate(p, greedy(32))) for b, p in prompts.items()}
-        assert graphs.num_replays - replays >= 3 * 30  # the decode steps replayed graphs
-        assert p2p.calls["one_shot"] > 0
-    assert multiprocessing.active_children() == []
-    with LLM(str(bf16_checkpoint), enforce_eager=True, **kwargs) as llm:
-        assert llm.engine.runner.graphs is None
-        eager = {b: tokens(llm.generate(p, greedy(32))) for b, p in prompts.items()}
-    assert with_graphs == eager
+    batches = [mixed_prompts(b, seed=50 + b, lo=20, hi=40) for b in (1, 3, 8)]
+    graphs = _run(bf16_checkpoint, batches, tensor_parallel_size=size, max_num_seqs=8)
+    assert graphs["captures"] > 0 and graphs["replays"] >= 3 * 30  # the decode steps replayed graphs
+    assert graphs["p2p_calls"] is not None and graphs["p2p_calls"]["one_shot"] > 0, graphs["p2p_calls"]
+    eager = _run(bf16_checkpoint, batches, tensor_parallel_size=size, max_num_seqs=8, enforce_eager=True)
+    assert eager["captures"] == 0 and eager["p2p_calls"]["one_shot"] > 0
+    assert graphs["tokens"] == eager["tokens"]
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_gpu_fp32_tokens_equal_one_gpu_with_async_steps_graphs_and_nccl_only(size: int, tmp_path: Path) -> None:
     path = build_hf_checkpoint(tmp_path, "qwen3", num_key_value_heads=4)
-    prompts = mixed_prompts(6, seed=2)
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity needs true fp32 matmuls
-    try:
-        want = tokens(LLM(str(path), dtype="float32").generate(prompts, greedy(24)))
-        for extra in ({}, {"disable_custom_all_reduce": True}):
-            with LLM(str(path), dtype="float32", tensor_parallel_size=size, **extra) as llm:
-                assert (llm.engine.tp.p2p is None) == bool(extra)
-                sent = record_leads(llm)
-                assert tokens(llm.generate(prompts, greedy(24))) == want, extra
-            assert sum(1 for _, extras in sent if extras.feed_len) >= 10  # async steps, their tokens fed
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+    batches = [mixed_prompts(6, seed=2)]
+    want = _run(path, batches, 24, dtype="float32")["tokens"]
+    for extra in ({}, {"disable_custom_all_reduce": True}):
+        got = _run(path, batches, 24, dtype="float32", tensor_parallel_size=size, **extra)
+        assert (got["p2p_calls"] is None) == bool(extra)
+        assert got["tokens"] == want, extra
+        assert got["fed_steps"] >= 10  # async steps, their tokens fed to every rank
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_gpu_bf16_tokens_agree_with_one_gpu(bf16_checkpoint: Path, size: int) -> None:
     """Splitting the matmuls changes bf16 rounding, so greedy tokens may part once two candidates are within it.
     The test states the agreement: the first token of every prompt, and at least 90% of all tokens."""
-    prompts = mixed_prompts(16, seed=9, lo=10, hi=40)
-    one = tokens(LLM(str(bf16_checkpoint)).generate(prompts, greedy(32)))
-    with LLM(str(bf16_checkpoint), tensor_parallel_size=size) as llm:
-        split = tokens(llm.generate(prompts, greedy(32)))
+    batches = [mixed_prompts(16, seed=9, lo=10, hi=40)]
+    one = _run(bf16_checkpoint, batches)["tokens"][0]
+    split = _run(bf16_checkpoint, batches, tensor_parallel_size=size)["tokens"][0]
     assert [t[0] for t in split] == [t[0] for t in one]
     same = sum(a == b for x, y in zip(split, one, strict=True) for a, b in zip(x, y, strict=True))
     print(f"TP {size} vs TP 1, bf16: {same}/{16 * 32} tokens equal; "

@@ -64,11 +64,21 @@ class AllReducePolicy:
         return max(self.one_shot_max, self.two_shot_max)
 
 
+# Set when a group that had P2P buffers is closed. Buffers made in one group's lifetime rendezvous fine (the
+# benchmark makes three), but a later engine's in the same process hung (4 × H200 host); until that is
+# understood, a process gets P2P buffers for one engine only, and later engines send every all-reduce to NCCL.
+_closed_in_this_process = False
+
+
 def p2p_unavailable_reason(device: torch.device, world: int) -> str | None:
     """Why the P2P paths cannot run here (None when they can): they need CUDA, PyTorch's symmetric-memory
-    kernels, and peer access between every pair of this host's first `world` GPUs."""
+    kernels, peer access between every pair of this host's first `world` GPUs, and a process in which no earlier
+    engine had them."""
     if device.type != "cuda":
         return f"device {device} is not CUDA"
+    if _closed_in_this_process:
+        return ("an earlier tensor-parallel engine in this process had peer-to-peer buffers; a process sets them up "
+                "for one engine")
     ops = getattr(torch.ops, "symm_mem", None)
     for name in ("one_shot_all_reduce_copy_out", "two_shot_all_reduce_out"):
         if ops is None or not hasattr(ops, name):
@@ -115,6 +125,8 @@ class P2PAllReduce:
 
     def close(self) -> None:
         """Drop the group's extra name (before the group is destroyed)."""
+        global _closed_in_this_process
+        _closed_in_this_process = True
         c10d: Any = torch._C._distributed_c10d
         c10d._unregister_process_group(self.group_name)
 
