@@ -23,6 +23,8 @@ from governor.engine.worker import Worker, WorkerSpec
 
 log = logging.getLogger("governor.engine")
 
+EXIT_VISIBLE_S = 5.0  # how long a failed step waits to see whether a worker exited (and is named) before re-raising
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -122,7 +124,7 @@ class ModelExecutor:
             workers.check_alive()
             return self.runner.execute(out, all_logits, feed, fp32_logits)
         except Exception as e:
-            if workers.all_alive():
+            if not workers.wait_for_an_exit(EXIT_VISIBLE_S):  # a peer's socket can close before its exit shows
                 raise
             dead = workers.describe_exits()
             self.close()

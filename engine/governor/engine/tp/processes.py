@@ -55,6 +55,15 @@ class WorkerProcesses:
     def all_alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
 
+    def wait_for_an_exit(self, timeout_s: float) -> bool:
+        """Whether a worker has exited, waiting up to `timeout_s` for one to."""
+        deadline = time.monotonic() + timeout_s
+        while self.all_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
         """Wait for every worker to exit; terminate (then kill) any that do not within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
