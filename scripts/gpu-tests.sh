@@ -15,7 +15,8 @@ python3 -m pytest -q -m gpu -p no:cacheprovider -rs "${FILES[@]}" 2>&1 | grep -v
   | tee "$RESULTS_DIR/gpu-tests.log"
 rc=${PIPESTATUS[0]}
 if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_tensor_parallel.py 2>&1 | tail -20 \
+  python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_tensor_parallel.py tests/test_tensor_parallel_gpu.py 2>&1 \
+    | tail -20 \
     | tee -a "$RESULTS_DIR/gpu-tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi

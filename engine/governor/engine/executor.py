@@ -16,7 +16,7 @@ from governor.engine.models.model_config import ModelConfig, load_model_config
 from governor.engine.scheduler import SchedulerOutput
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.engine.tp.processes import WorkerProcesses
-from governor.engine.tp.rank0 import start_workers, stop_workers, watch_for_stuck_steps
+from governor.engine.tp.rank0 import gpu_has_work, start_workers, stop_workers, watch_for_stuck_steps
 from governor.engine.tp.sharding import shard_config
 from governor.engine.warm_up import warm_up_kernels
 from governor.engine.worker import Worker, WorkerSpec
@@ -102,7 +102,7 @@ class ModelExecutor:
         stopped = threading.Event()
         self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers, stopped)
         if spec.device_type == "cuda":
-            watch_for_stuck_steps(workers, stopped, torch.device("cuda", 0))
+            watch_for_stuck_steps(workers, stopped, gpu_has_work(torch.device("cuda", 0)))
         log.info("tensor parallel: %d ranks (%s), worker pids %s", size, torch.distributed.get_backend(),
                  workers.pids)
 

@@ -70,12 +70,17 @@ class AllReducePolicy:
 _closed_in_this_process = False
 
 
-def p2p_unavailable_reason(device: torch.device, world: int) -> str | None:
-    """Why the P2P paths cannot run here (None when they can): they need CUDA, PyTorch's symmetric-memory
-    kernels, peer access between every pair of this host's first `world` GPUs, and a process in which no earlier
-    engine had them."""
+P2P_DTYPES = (torch.bfloat16, torch.float32)  # what PyTorch's one-shot and two-shot kernels are built for
+
+
+def p2p_unavailable_reason(device: torch.device, world: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
+    """Why the P2P paths cannot run here (None when they can): they need CUDA, a bf16 or fp32 model, PyTorch's
+    symmetric-memory kernels, peer access between every pair of this host's first `world` GPUs, and a process in
+    which no earlier engine had them."""
     if device.type != "cuda":
         return f"device {device} is not CUDA"
+    if dtype not in P2P_DTYPES:
+        return f"the peer-to-peer kernels take bfloat16 and float32, not {dtype}"
     if _closed_in_this_process:
         return ("an earlier tensor-parallel engine in this process had peer-to-peer buffers; a process sets them up "
                 "for one engine")
@@ -120,6 +125,7 @@ class P2PAllReduce:
         self.buffer = symm_mem.empty(max(policy.buffer_bytes, 4096) // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)  # type: ignore[arg-type]  # GroupName in newer PyTorch
         self.dtype = dtype
+        self.world = dist.get_world_size(group)
         self.ops = torch.ops.symm_mem
         self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0}  # by path, counted when issued (and captured)
 
@@ -133,6 +139,8 @@ class P2PAllReduce:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the ranks: `x` itself, summed in place (NCCL, two-shot), or a new tensor (one-shot)."""
         path = self.policy.path(x.nbytes) if x.dtype == self.dtype and x.is_contiguous() else "nccl"
+        if path == "two_shot" and x.nbytes % (self.world * 16):
+            path = "nccl"  # two-shot splits the message in 16-byte-aligned slices, one per rank
         self.calls[path] += 1
         if path == "nccl":
             dist.all_reduce(x, group=self.group)

@@ -68,7 +68,8 @@ class TPGroup:
         Returns why it is not used, or None when it is."""
         if self.size == 1:
             return "one rank"
-        reason = "disabled (disable_custom_all_reduce)" if not enabled else p2p_unavailable_reason(device, self.size)
+        reason = ("disabled (disable_custom_all_reduce)" if not enabled
+                  else p2p_unavailable_reason(device, self.size, dtype))
         if self.min(0 if reason is not None else 1) == 0:
             return reason or "another rank cannot use it"
         self.p2p = P2PAllReduce(self.compute, device, dtype, AllReducePolicy.for_size(self.size))

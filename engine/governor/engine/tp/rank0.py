@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -53,23 +54,30 @@ def stop_workers(tp: TPGroup, workers: WorkerProcesses, stopped: threading.Event
         stopped.set()
 
 
+def gpu_has_work(device: torch.device) -> Callable[[], bool]:
+    """Whether `device`'s default stream (where the engine's steps run) still has work queued."""
+    stream = torch.cuda.default_stream(device)
+    return lambda: not stream.query()
+
+
 STUCK_STEP_GRACE_S = 10.0
 STUCK_STEP_EXIT_CODE = 70
 
 
-def watch_for_stuck_steps(workers: WorkerProcesses, stopped: threading.Event, device: torch.device,
-                          poll_s: float = 0.5, grace_s: float = STUCK_STEP_GRACE_S) -> threading.Thread:
+def watch_for_stuck_steps(workers: WorkerProcesses, stopped: threading.Event, gpu_busy: Callable[[], bool],
+                          poll_s: float = 0.5, grace_s: float = STUCK_STEP_GRACE_S,
+                          end_process: Callable[[int], object] = os._exit) -> threading.Thread:
     """A daemon thread that ends rank 0's process when a worker has exited in the middle of a GPU step.
 
     Rank 0's GPU then waits forever in that step's collective (a peer-to-peer barrier has no timeout; NCCL's is
     minutes), and so does any host thread that waits for the step's results: no exception can reach the engine.
     A worker's exit while rank 0's GPU is idle needs nothing from here: the next step raises (`ModelExecutor.execute`).
     So once a worker is gone, until the workers are stopped (`stopped`: a close can hang on that step too), the
-    thread watches rank 0's GPU; if it still has work queued `grace_s` later, it logs which worker exited and exits
-    the process with STUCK_STEP_EXIT_CODE. (A normal close stops the workers with rank 0's GPU idle.)"""
+    thread watches rank 0's GPU (`gpu_busy`: whether it has work queued); if it still has work queued `grace_s`
+    later, it logs which worker exited and ends the process (`end_process`) with STUCK_STEP_EXIT_CODE. (A normal
+    close stops the workers with rank 0's GPU idle.)"""
 
     def watch() -> None:
-        stream = torch.cuda.default_stream(device)
         dead_since: float | None = None
         while not stopped.wait(poll_s):
             if workers.all_alive():
@@ -77,14 +85,15 @@ def watch_for_stuck_steps(workers: WorkerProcesses, stopped: threading.Event, de
             now = time.monotonic()
             if dead_since is None:
                 dead_since = now
-            if stream.query():
+            if not gpu_busy():
                 dead_since = now  # idle: the next step raises instead
             elif now - dead_since >= grace_s:
                 log.critical("%s while a step was running on the GPUs: rank 0 cannot finish that step without it. "
                              "Ending the engine's process (exit code %d)", workers.describe_exits(),
                              STUCK_STEP_EXIT_CODE)
                 logging.shutdown()
-                os._exit(STUCK_STEP_EXIT_CODE)
+                end_process(STUCK_STEP_EXIT_CODE)
+                return
 
     thread = threading.Thread(target=watch, name="governor-tp-step-watchdog", daemon=True)
     thread.start()
