@@ -9,6 +9,8 @@
 #               the roofline, and the thresholds of tp/all_reduce.py);
 #   latency     llama3-8b shape, 512-token context, batches 1, 8, 32, at TP 1, 2, 4; TP 2 again with every
 #               all-reduce on NCCL (--disable-custom-all-reduce) and eagerly (--enforce-eager);
+#   profile     rank 0's CUDA kernel time by kernel of batch-1 decode steps (scripts/profile-decode.py) at TP 1, 2, 4:
+#               how much of a step is kernels and how many it launches;
 #   throughput  llama3-8b shape at TP 2: 256 prompts, 100 tokens in, 1024 out;
 #   70b         llama3-70b shape at TP 4: latency at batches 1, 8, 32, and the throughput workload;
 #   vllm        vLLM 0.26 on the same shapes and workloads at the same TP sizes (PEERS_DIR holds its bundle, as
@@ -29,12 +31,14 @@ if [ "${DRY:-0}" = 1 ]; then
   NGPU=2 PRESET8=tiny PRESET70=small DEVICE=(--device cpu --dtype float32) LEN=(--max-model-len 256)
   LAT=(--context 64 --batches 1,2 --new-tokens 16) THR=(--num-prompts 8 --input-len 16:16 --output-len 16:16)
   LAT70=("${LAT[@]}") THR70=("${THR[@]}") SIZES8="1 2" SIZES70="2" VLLM_THR=(--max-model-len 256)
+  PROF=(--context 32 --steps 3 load_format=dummy device=cpu dtype=float32 max_model_len=256)
 else
   NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
   PRESET8=llama3-8b PRESET70=llama3-70b DEVICE=(--dtype bfloat16) LEN=(--max-model-len 4096)
   LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
   THR=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)
   LAT70=("${LAT[@]}") THR70=("${THR[@]}") VLLM_THR=(--max-model-len 4096)
+  PROF=(--context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
   SIZES8=$(sizes 1 2 4) SIZES70=$(sizes 4)  # 70B in bf16 is 141 GB: TP 4 on 80 GB cards
 fi
 PEERS_DIR=${PEERS_DIR:-.peers}
@@ -79,7 +83,7 @@ vllm() {  # vllm TAG MODULE ARGS...: one vLLM runner, JSON to $RESULTS_DIR/TAG.j
   [ -s "$RESULTS_DIR/$tag.json" ]
 }
 
-for s in ${STAGE:-tests allreduce latency throughput 70b vllm}; do
+for s in ${STAGE:-tests allreduce latency profile throughput 70b vllm}; do
   case $s in
     tests)
       if [ "$NGPU" -ge 2 ]; then stage tests tests; else echo "=== tests: skipped (one GPU)"; fi ;;
@@ -93,6 +97,12 @@ for s in ${STAGE:-tests allreduce latency throughput 70b vllm}; do
         stage latency-8b-nccl-tp2 bench latency $M8 2 8b-nccl "${LAT[@]}" --disable-custom-all-reduce
         stage latency-8b-eager-tp2 bench latency $M8 2 8b-eager "${LAT[@]}" --enforce-eager
       fi ;;
+    profile)
+      stage config-8b config_only $M8 $PRESET8
+      for tp in $SIZES8; do
+        stage "profile-8b-tp$tp" timeout "${STEP_TIMEOUT_S:-540}" python3 scripts/profile-decode.py $M8 \
+          "$RESULTS_DIR/profile-8b-tp$tp.json" --batch 1 "${PROF[@]}" tensor_parallel_size="$tp"
+      done ;;
     throughput)
       stage config-8b config_only $M8 $PRESET8
       stage throughput-8b-tp2 bench throughput $M8 2 8b "${THR[@]}" ;;
@@ -120,7 +130,7 @@ for s in ${STAGE:-tests allreduce latency throughput 70b vllm}; do
           --model $M70 --load-format dummy --num-prompts 256 --input-len 100:100 --output-len 1024:1024 \
           "${VLLM_THR[@]}" --tensor-parallel-size "$tp"
       done ;;
-    *) echo "unknown stage $s (tests, allreduce, latency, throughput, 70b, vllm)"; FAILED+=("$s") ;;
+    *) echo "unknown stage $s (tests, allreduce, latency, profile, throughput, 70b, vllm)"; FAILED+=("$s") ;;
   esac
 done
 
