@@ -15,11 +15,13 @@ import re
 import signal
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -370,3 +372,101 @@ def test_a_worker_that_dies_mid_run_ends_the_engine_with_an_error_naming_it(hf_c
     assert multiprocessing.active_children() == []
     with pytest.raises(RuntimeError, match="the engine is closed"):
         llm.generate([[5, 6, 7]], greedy(2))
+
+
+class _LoopbackGroup:
+    """Rank 0 or 1 of a pretend two-rank group in one process: a broadcast from rank 0 is queued, and rank 1's
+    broadcast takes the next one; enough for a leading and a following runner side by side."""
+
+    size = 2
+
+    def __init__(self, rank: int, host: deque[torch.Tensor], device: deque[torch.Tensor]) -> None:
+        self.rank, self._host, self._device = rank, host, device
+
+    def broadcast(self, x: torch.Tensor) -> None:
+        if self.rank == 0:
+            self._host.append(x.clone())
+        else:
+            x.copy_(self._host.popleft())
+
+    def broadcast_device(self, x: torch.Tensor) -> None:
+        if self.rank == 0:
+            self._device.append(x.clone())
+        else:
+            x.copy_(self._device.popleft())
+
+
+def test_a_follower_rebuilds_every_step_rank_0_sends_and_computes_its_logits_bitwise(hf_checkpoint) -> None:
+    """Rank 0's runner leads a follower in this process (same weights, a KV cache of its own) through preemption,
+    chunked prefill, prefix-cache hits, n-gram verification and async steps: after every step the follower's
+    staged buffers equal rank 0's wherever the step reads them, and its logits are rank 0's, bit for bit (which
+    its KV cache, written from what it rebuilt, has to be for that)."""
+    from governor.engine.runner import ModelRunner
+
+    llm = LLM(str(hf_checkpoint("qwen3")), **STATIC)
+    eng = llm.engine
+    host_q: deque[torch.Tensor] = deque()
+    dev_q: deque[torch.Tensor] = deque()
+    leader = eng.runner
+    leader.tp = _LoopbackGroup(0, host_q, dev_q)  # type: ignore[assignment]
+    cfg = eng.config
+    follower = ModelRunner(eng.model, [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in eng.kv_caches],
+                           eng.block_size, cfg.tokens_cap, cfg.seqs_cap, eng.max_model_len, eng.device, cfg.spec_cap,
+                           _LoopbackGroup(1, host_q, dev_q))  # type: ignore[arg-type]
+    follower_logits: list[torch.Tensor] = []
+    inner_logits = follower._logits
+
+    def capture(*args: Any) -> torch.Tensor:
+        out = inner_logits(*args)
+        follower_logits.append(out)
+        return out
+
+    follower._logits = capture  # type: ignore[method-assign,assignment]
+    inner_execute = leader.execute
+    steps = {"fed": 0, "checked": 0}
+
+    def execute(out: Any, all_logits: bool = False, feed: torch.Tensor | None = None,
+                fp32_logits: bool = True) -> torch.Tensor:
+        logits = inner_execute(out, all_logits, feed, fp32_logits)
+        shape = _step_sizes(out)
+        assert follower.follow()
+        assert not host_q and not dev_q
+        a, b = leader.host, follower.host
+        t, n, rows = shape["tokens"], shape["logits"], shape["rows"]
+        for name in ("positions", "slots"):
+            assert np.array_equal(getattr(a, name)[:t], getattr(b, name)[:t]), name
+        if feed is None:
+            assert np.array_equal(a.input_ids[:t], b.input_ids[:t])
+        else:
+            steps["fed"] += 1
+            assert np.array_equal(a.feed_rows[:n], b.feed_rows[:n])
+        assert np.array_equal(a.seq_lens[:rows], b.seq_lens[:rows])
+        assert np.array_equal(a.qsl[:rows + 1], b.qsl[:rows + 1])
+        assert np.array_equal(a.logits_idx[:n], b.logits_idx[:n])
+        for i, s in enumerate(out.scheduled):
+            width = len(s.seq.block_table)
+            assert np.array_equal(a.block_tables[i, :width], b.block_tables[i, :width]), i
+        assert torch.equal(follower_logits[-1], logits)
+        steps["checked"] += 1
+        return logits
+
+    leader.execute = execute  # type: ignore[method-assign]
+    for setup, seed in (("queued", 0), ("chunked", 1), ("speculative", 2), ("default", 3)):
+        eng.update_knobs(**SETUPS[setup])
+        # n-gram prompts end inside their repeated phrase, so drafts come at once
+        prompts = ([{"prompt_token_ids": p} for p in mixed_prompts(6, seed=seed)] if setup != "speculative"
+                   else [p[:-1] for p in repetitive_prompts(4, seed=seed)])
+        llm.generate(prompts, greedy(NEW_TOKENS))
+        llm.generate(prompts[:2], greedy(4))  # prefix-cache hits
+    stats = llm.stats()
+    assert stats["preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0
+    assert stats["spec_verification_steps"] > 0
+    assert steps["fed"] > 0 and steps["checked"] > 100
+
+
+def _step_sizes(out: Any) -> dict[str, int]:
+    """The row, token and logits counts of a scheduled step."""
+    scheduled = out.scheduled
+    tokens = sum(s.num_new_tokens for s in scheduled)
+    logits = sum(1 if s.fed_from is not None else s.num_logits for s in scheduled)
+    return {"rows": len(scheduled), "tokens": tokens, "logits": logits}
