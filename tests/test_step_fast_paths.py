@@ -51,8 +51,9 @@ def test_plain_greedy_batch_gets_the_tokens_of_the_general_sampler(llm: LLM, sam
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_argmax_steps_take_model_dtype_logits_and_the_tokens_of_fp32_ones(hf_checkpoint,
                                                                          async_scheduling: bool) -> None:
-    """A bf16 model: a step whose tokens are all argmaxes skips widening its logits to fp32; its tokens are
-    those of the general sampler, which widens them (logprobs=0 keeps requests greedy but takes that path)."""
+    """A bf16 model: a step whose tokens are all argmaxes gets only its token ids from the runner (the argmax of
+    the model-dtype logits, never widened to fp32); they are the tokens of the general sampler, which widens the
+    logits (logprobs=0 keeps requests greedy but takes that path)."""
     bf16 = LLM(str(hf_checkpoint("llama")), dtype="bfloat16", max_model_len=256, async_scheduling=async_scheduling)
     dtypes: list[torch.dtype] = []
     inner = bf16.engine.runner.execute
@@ -64,7 +65,7 @@ def test_argmax_steps_take_model_dtype_logits_and_the_tokens_of_fp32_ones(hf_che
     bf16.engine.runner.execute = execute  # type: ignore[method-assign]
     prompts = mixed_prompts(5, seed=23)
     fast = bf16.generate(prompts, greedy(12))
-    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert dtypes and set(dtypes) == {torch.int64}
     dtypes.clear()
     general = bf16.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0))
     assert dtypes and set(dtypes) == {torch.float32}

@@ -400,7 +400,7 @@ def test_a_follower_rebuilds_every_step_rank_0_sends_and_computes_its_logits_bit
     """Rank 0's runner leads a follower in this process (same weights, a KV cache of its own) through preemption,
     chunked prefill, prefix-cache hits, n-gram verification and async steps: after every step the follower's
     staged buffers equal rank 0's wherever the step reads them, and its logits are rank 0's, bit for bit (which
-    its KV cache, written from what it rebuilt, has to be for that)."""
+    its KV cache, written from what it rebuilt, has to be for that), or its argmax token ids in a greedy step."""
     from governor.engine.runner import ModelRunner
 
     llm = LLM(str(hf_checkpoint("qwen3")), **STATIC)
@@ -423,11 +423,12 @@ def test_a_follower_rebuilds_every_step_rank_0_sends_and_computes_its_logits_bit
 
     follower._logits = capture  # type: ignore[method-assign,assignment]
     inner_execute = leader.execute
-    steps = {"fed": 0, "checked": 0}
+    steps = {"fed": 0, "checked": 0, "argmax": 0}
 
     def execute(out: Any, all_logits: bool = False, feed: torch.Tensor | None = None,
-                fp32_logits: bool = True) -> torch.Tensor:
-        logits = inner_execute(out, all_logits, feed, fp32_logits)
+                fp32_logits: bool = True, argmax: bool = False) -> torch.Tensor:
+        logits = inner_execute(out, all_logits, feed, fp32_logits, argmax)
+        steps["argmax"] += argmax
         shape = _step_sizes(out)
         assert follower.follow()
         assert not host_q and not dev_q
@@ -461,7 +462,7 @@ def test_a_follower_rebuilds_every_step_rank_0_sends_and_computes_its_logits_bit
     stats = llm.stats()
     assert stats["preemptions"] > 0 and stats["prefix_cache_hit_tokens"] > 0
     assert stats["spec_verification_steps"] > 0
-    assert steps["fed"] > 0 and steps["checked"] > 100
+    assert steps["fed"] > 0 and steps["argmax"] > 0 and steps["checked"] > 100
 
 
 def _step_sizes(out: Any) -> dict[str, int]:

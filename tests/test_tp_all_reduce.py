@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from governor.engine.bench.all_reduce import parse_sizes
+from governor.engine.models.llama import vocab_parallel_argmax
 from governor.engine.tp.all_reduce import AllReducePolicy, p2p_unavailable_reason
 from governor.engine.tp.rank0 import STUCK_STEP_EXIT_CODE, watch_for_stuck_steps
 
@@ -86,3 +87,24 @@ def test_the_watchdog_leaves_an_idle_gpu_and_a_normal_close_alone() -> None:
     stopped.set()  # the workers were stopped: the watch ends
     thread.join(timeout=5)
     assert not thread.is_alive() and exits == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_vocabulary_parallel_argmax_is_the_whole_rows_first_maximum(seed: int) -> None:
+    """Two pretend ranks of a 7-token vocabulary (ids 0..3 and 4..6): every logit negative (a zero padding column
+    left in would win), few distinct values (ties across ranks are common). Each rank's call gets both ranks'
+    (max, id) from the gather, as the real all-gather gives them, and must give the whole rows' first maximum."""
+    g = torch.Generator().manual_seed(seed)
+    full = -torch.randint(1, 4, (32, 7), generator=g).to(torch.bfloat16)
+    ranks = [(full[:, :4], 0), (full[:, 4:], 4)]
+
+    def sent(part: torch.Tensor, start: int) -> torch.Tensor:  # what a rank puts into the gather
+        seen: list[torch.Tensor] = []
+        vocab_parallel_argmax(part, start, 2, lambda x: seen.append(x) or x.repeat(1, 2))
+        return seen[0]
+
+    gathered = torch.cat([sent(part, start) for part, start in ranks], dim=1)
+    for part, start in ranks:
+        got = vocab_parallel_argmax(part, start, 2, lambda x: gathered)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, full.argmax(dim=1))

@@ -217,18 +217,22 @@ class LLMEngine:
             if seq.first_scheduled_at is None:
                 seq.first_scheduled_at = now
         draft_probs = self.spec.propose(out.scheduled) if self.spec is not None else {}
-        # A step whose every token is an argmax takes it over the model-dtype logits (same tokens).
+        # A step whose every token is an argmax gets only those (`CausalLM.compute_argmax`: taken over the
+        # model-dtype logits, the same tokens, which never leave the device).
         argmax_step = self._argmax_step(out)
-        logits = self.executor.execute(out, fp32_logits=not argmax_step)
+        logits = self.executor.execute(out, argmax=argmax_step)  # the token ids themselves in an argmax step
         self.counters["steps"] += 1
         self.counters["tokens_computed"] += sum(s.num_new_tokens for s in out.scheduled)
         sampling = self.scheduler.update_from_output(out)  # drafts are settled after verification
-        if self._async and argmax_step and sampling:  # its tokens can stay on the device a while
-            launched = self._launched(sampling, logits)
-            self._in_flight = self._launch_continuation(launched)
-            self._complete(launched, result)
-            return result
-        sampled = self._sample(sampling, logits, draft_probs)
+        if argmax_step:
+            if self._async and sampling:  # its tokens can stay on the device a while
+                launched = self._launched(sampling, logits)
+                self._in_flight = self._launch_continuation(launched)
+                self._complete(launched, result)
+                return result
+            sampled = _Sampled(logits.tolist(), None, None)
+        else:
+            sampled = self._sample(sampling, logits, draft_probs)
         tokens, lps, requests, events = sampled.tokens, sampled.logprobs, self._requests, result.events
         num_events = len(events)
         if sampled.counts is None:  # one token per sequence: the usual step, without a loop per sequence
@@ -256,9 +260,8 @@ class LLMEngine:
         drafts the logits rows are the sampling sequences', one each)."""
         return self._num_not_argmax == 0 and (self.spec is None or not any(s.draft_tokens for s in out.scheduled))
 
-    def _launched(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> _InFlight:
-        """Take the argmax of each row on the device and start copying the tokens to the host."""
-        tokens = logits.argmax(dim=1)
+    def _launched(self, sampling: list[ScheduledSeq], tokens: torch.Tensor) -> _InFlight:
+        """Start copying a launched step's argmax tokens (on the device) to the host."""
         buffer, ready = self._readback[self._readback_turn]
         self._readback_turn ^= 1
         host = buffer[:len(sampling)]
@@ -283,11 +286,11 @@ class LLMEngine:
         out = self.scheduler.schedule_continuation(rows, ending)
         if out is None:
             return None
-        logits = self.executor.execute(out, feed=prev.tokens, fp32_logits=False)  # its tokens are argmaxes
+        tokens = self.executor.execute(out, feed=prev.tokens, argmax=True)  # its tokens are argmaxes
         self.counters["steps"] += 1
         self.counters["tokens_computed"] += len(out.scheduled)
         # Each is counted one past its known tokens until prev's token joins them (`_complete`).
-        return self._launched(self.scheduler.update_from_output(out), logits)
+        return self._launched(self.scheduler.update_from_output(out), tokens)
 
     def _complete(self, flight: _InFlight, result: StepResult) -> None:
         """Wait for a launched step's tokens and append them, as a step appends its sampled tokens. A row

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -213,6 +213,19 @@ _PACKED_PARTS = {"q_proj": ("self_attn", "qkv_weight", 0), "k_proj": ("self_attn
                  "down_proj": ("mlp", "down_weight", 0)}
 
 
+def vocab_parallel_argmax(logits: torch.Tensor, vocab_start: int, size: int,
+                          all_gather_columns: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Each row's argmax over the whole vocabulary [rows] int64, from this rank's logits of ids vocab_start.. (its
+    padding columns already cut off): the local (max, id) of every rank side by side, then the first rank with the
+    row's maximum, which holds the lowest id among ties (torch.argmax's choice)."""
+    ids = logits.argmax(dim=1)
+    best = torch.stack([logits.gather(1, ids.unsqueeze(1)).squeeze(1).double(),
+                        (ids + vocab_start).double()], dim=1)  # exact for any bf16/fp32 value and id
+    every = all_gather_columns(best).view(-1, size, 2)  # [rows, rank, (max, id)]
+    rank = every[:, :, 0].argmax(dim=1, keepdim=True)
+    return every[:, :, 1].gather(1, rank).squeeze(1).long()
+
+
 class CausalLM(nn.Module):
     """Decoder-only transformer of the Llama family; forward over a flattened, paged batch.
 
@@ -283,6 +296,18 @@ class CausalLM(nn.Module):
         if self.tp.size > 1:
             logits = self.tp.all_gather_columns(logits)[:, :self.cfg.vocab_size]
         return logits.float() if fp32 else logits
+
+    @torch.inference_mode()
+    def compute_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The argmax token id of each row's logits [rows] int64 (the lowest id among ties), without the logits
+        leaving the device. Under tensor parallelism each rank takes the argmax of its vocabulary rows (the
+        padding rows past the vocabulary left out) and all gather only (max, id) per row: a step of greedy
+        tokens moves rows × 2 values between the ranks instead of rows × vocab."""
+        logits = linear(hidden, self.lm_head, None, self.kernels)
+        if self.tp.size == 1:
+            return logits.argmax(dim=1)
+        held = min(self.vocab_rows, self.cfg.vocab_size - self.vocab_start)
+        return vocab_parallel_argmax(logits[:, :held], self.vocab_start, self.tp.size, self.tp.all_gather_columns)
 
     @torch.inference_mode()
     def load_weights(self, weights: Iterable[tuple[str, LazyTensor]]) -> None:
