@@ -222,7 +222,7 @@ class RowsModel:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: Any, meta: Any) -> torch.Tensor:
         return torch.stack([positions.double(), input_ids.double()], dim=1)
 
-    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.clone()
 
 

@@ -426,8 +426,8 @@ def test_a_follower_rebuilds_every_step_rank_0_sends_and_computes_its_logits_bit
     steps = {"fed": 0, "checked": 0, "argmax": 0}
 
     def execute(out: Any, all_logits: bool = False, feed: torch.Tensor | None = None,
-                fp32_logits: bool = True, argmax: bool = False) -> torch.Tensor:
-        logits = inner_execute(out, all_logits, feed, fp32_logits, argmax)
+                argmax: bool = False) -> torch.Tensor:
+        logits = inner_execute(out, all_logits, feed, argmax)
         steps["argmax"] += argmax
         shape = _step_sizes(out)
         assert follower.follow()

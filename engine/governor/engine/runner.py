@@ -22,7 +22,7 @@ from governor.engine.tp.group import TPGroup
 # size and carries the header and as much payload as fits, so a decode step costs one broadcast; a second one
 # carries the rest of a larger step.
 _SHUTDOWN, _STEP = 0, 1
-_HEADER_LEN = 12  # command, the 6 StepShape fields, the 5 _StepExtras fields
+_HEADER_LEN = 11  # command, the 6 StepShape fields, the 4 _StepExtras fields
 _FIRST_MESSAGE_LEN = 1024
 
 _ALIGN = 256  # byte alignment of each field in the staging buffers (as the CUDA allocator aligns tensors)
@@ -57,7 +57,6 @@ class _StepExtras:
     tokens (0: not fed) and of the block-table changes."""
 
     all_logits: int
-    fp32_logits: int
     argmax: int
     feed_len: int
     deltas_len: int
@@ -424,28 +423,26 @@ class ModelRunner:
         return self._forward(self.stage(out))
 
     def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
-                fp32_logits: bool = True, argmax: bool = False) -> torch.Tensor:
+                argmax: bool = False) -> torch.Tensor:
         """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
         plus one per draft token of a speculative decode; or every scheduled token when `all_logits`.
         feed: the previous step's sampled tokens on the device, for a step of fed decodes (their rows'
-        `fed_from` index it; under tensor parallelism rank 0 sends them to the workers). fp32_logits=False:
-        logits in the model's dtype. argmax=True: only each row's argmax token id [rows] int64, for a step whose
-        tokens are only argmaxes (`CausalLM.compute_argmax`)."""
+        `fed_from` index it; under tensor parallelism rank 0 sends them to the workers). argmax=True: only each
+        row's argmax token id [rows] int64, for a step whose tokens are only argmaxes (`CausalLM.compute_argmax`)."""
         if (feed is not None) != bool(out.scheduled and out.scheduled[0].fed_from is not None):
             raise ValueError("a step of fed decodes needs the previous step's sampled tokens, and only it")
         shape = self.stage(out)
         if self.tp is not None:
-            self._lead(shape, _StepExtras(int(all_logits), int(fp32_logits), int(argmax),
-                                          0 if feed is None else feed.numel(), len(self._table_deltas)), feed)
-        return self._logits(shape, self._run(shape, feed), all_logits, fp32_logits, argmax)
+            self._lead(shape, _StepExtras(int(all_logits), int(argmax), 0 if feed is None else feed.numel(),
+                                          len(self._table_deltas)), feed)
+        return self._logits(shape, self._run(shape, feed), all_logits, argmax)
 
-    def _logits(self, shape: StepShape, hidden: torch.Tensor, all_logits: bool, fp32_logits: bool,
-                argmax: bool) -> torch.Tensor:
+    def _logits(self, shape: StepShape, hidden: torch.Tensor, all_logits: bool, argmax: bool) -> torch.Tensor:
         # Staged logits indices increase, so when every token needs logits (a decode step where every row
         # samples) they are 0..T-1: the rows are the hidden states as they are, no gather.
         if not (all_logits or shape.num_logits == shape.num_tokens):
             hidden = hidden[self.logits_idx[:shape.num_logits]]
-        return self.model.compute_argmax(hidden) if argmax else self.model.compute_logits(hidden, fp32_logits)
+        return self.model.compute_argmax(hidden) if argmax else self.model.compute_logits(hidden)
 
     # --- tensor parallelism: rank 0 leads, workers follow ---------------------------------------
 
@@ -504,8 +501,7 @@ class ModelRunner:
         if extras.feed_len:
             feed = self._feed[:extras.feed_len]
             self.tp.broadcast_device(feed)
-        self._logits(shape, self._run(shape, feed), bool(extras.all_logits), bool(extras.fp32_logits),
-                     bool(extras.argmax))
+        self._logits(shape, self._run(shape, feed), bool(extras.all_logits), bool(extras.argmax))
         return True
 
     def _apply_table_deltas(self, deltas: np.ndarray) -> None:

@@ -287,15 +287,14 @@ class CausalLM(nn.Module):
         return self.norm.add_forward(h, residual, kernels)[0]
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, fp32: bool = True) -> torch.Tensor:
-        """Logits of each row of `hidden`: fp32, or (fp32=False) in the model's dtype as the lm_head GEMM
-        gives them, for callers that only take their argmax (widening to fp32 keeps every value, so the
-        argmax is the same: it saves a [rows, vocab] fp32 copy a step). Under tensor parallelism every rank
-        calls it with the same rows: each computes its vocabulary rows' logits and all gather them."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of each row of `hidden` [rows, vocab]. Under tensor parallelism every rank calls it with the
+        same rows: each computes its vocabulary rows' logits (in the model's dtype) and all gather them. A caller
+        that needs only the argmax takes `compute_argmax`, which saves the [rows, vocab] fp32 copy a step."""
         logits = linear(hidden, self.lm_head, None, self.kernels)
         if self.tp.size > 1:
             logits = self.tp.all_gather_columns(logits)[:, :self.cfg.vocab_size]
-        return logits.float() if fp32 else logits
+        return logits.float()
 
     @torch.inference_mode()
     def compute_argmax(self, hidden: torch.Tensor) -> torch.Tensor:
