@@ -419,7 +419,9 @@ class ModelRunner:
 
     def hidden_states(self, out: SchedulerOutput) -> torch.Tensor:
         """Run a step on this rank alone (never broadcast) and return the final hidden states [T, hidden]:
-        for work every rank stages identically by itself, such as fp8 calibration."""
+        for work every rank stages identically by itself, such as fp8 calibration. Under tensor parallelism every
+        rank must run the same steps this way, so that the ranks' host block tables stay equal (a worker's follow
+        builds on them)."""
         return self._forward(self.stage(out))
 
     def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
