@@ -30,10 +30,6 @@ else
   CC=(load_format=dummy dtype=bfloat16 max_model_len=4096)
 fi
 LM=/tmp/gpu-async/llama-$L QM=/tmp/gpu-async/qwen3-$Q R=/tmp/gpu-async/results
-mkdir -p "$R"
-exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
-cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
-git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
 . benchmarks/lib/deadline.sh
 tests() {
   [ "${DRY:-0}" = 1 ] && { echo "(dry run: no GPU tests)"; return 0; }

@@ -14,9 +14,6 @@ DEADLINE_S=${DEADLINE_S:-575}
 . benchmarks/lib/prelude.sh /tmp/engine-ab-dry
 . benchmarks/lib/presets.sh
 LM=/tmp/engine-ab/llama-$L QM=/tmp/engine-ab/qwen3-$Q R=/tmp/engine-ab/results BASE_TREE=/tmp/engine-ab/base
-mkdir -p "$R"
-exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
-cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
 . benchmarks/lib/deadline.sh
 base_tree() {
   local base=${BASE:-$(git rev-parse HEAD)}

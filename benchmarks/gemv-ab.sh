@@ -31,9 +31,6 @@ fi
 LM=/tmp/gpu-gemv-ab/llama-$L QC=/tmp/gpu-gemv-ab/qwen3-config-$Q R=/tmp/gpu-gemv-ab/results BASE_TREE=/tmp/gpu-gemv-ab/base
 NEW_TREE=$PWD
 [ -n "${NEW_ONLY:-}" ] && NEW_TREE=/tmp/gpu-gemv-ab/new
-mkdir -p "$R"
-exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
-cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
 . benchmarks/lib/deadline.sh
 trees() {  # the base worktree, and the new one when NEW_ONLY names files
   local base=${BASE:-$(git rev-parse HEAD)} f

@@ -16,10 +16,6 @@ DEADLINE_S=${DEADLINE_S:-575}
 . benchmarks/lib/prelude.sh /tmp/gpu-targets-dry
 . benchmarks/lib/presets.sh
 LM=/tmp/gpu-targets/llama-$L QM=/tmp/gpu-targets/qwen3-$Q R=/tmp/gpu-targets/results
-mkdir -p "$R"
-exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
-cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
-git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
 . benchmarks/lib/deadline.sh
 latency() {  # latency TAG ARGS...
   run_py "$1" -m governor.engine bench latency --model "$LM" --load-format dummy "${LATDEV[@]}" "${LAT[@]}" \

@@ -38,10 +38,6 @@ else  # as LAT and LATDEV of lib/presets.sh
   PLAN=() PEER_LAT=(--context 512 --new-tokens 128) VLLM_LAT=(--dtype bfloat16 --max-model-len 4096)
 fi
 LM=/tmp/peers/llama-$L QM=/tmp/peers/qwen3-$Q R=/tmp/peers/results
-mkdir -p "$R"
-exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
-cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
-git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
 . benchmarks/lib/deadline.sh
 
 install_vllm() {  # unpack the bundle into PEERS_DIR/site (a no-op when it holds this bundle already)

@@ -2,7 +2,12 @@
 # gemv-ab.sh, peers.sh), after they set T0 (start, in $SECONDS), DEADLINE_S, RESULTS_DIR and R (the results folder,
 # tarred into $RESULTS_DIR/results.tgz after each stage). `stage NAME MAX_S MIN_S COMMAND...` runs a stage under
 # min(MAX_S, time left) and skips it when less than MIN_S is left; `run_py LOG ARGS...` runs python3 ARGS under that
-# limit.
+# limit. Sourcing it also opens the run: R is made, everything the suite prints is appended to
+# $RESULTS_DIR/run.log as well, and the GPU's identity and the commit go into R.
+mkdir -p "$R"
+exec > >(tee -a "$RESULTS_DIR/run.log") 2>&1
+cp "$RESULTS_DIR/gpu.txt" "$R/" 2>/dev/null || true
+git log -1 --format='commit %H' > "$R/commit.txt" 2>/dev/null || true
 quiet() { grep -vE "Writing model shards|Loading|INFO governor|it/s\]|Warning: |generation flags" || true; }
 FAILED=()
 LIMIT=60

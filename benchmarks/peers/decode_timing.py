@@ -10,6 +10,7 @@ dt / k each.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Sequence
 from itertools import pairwise
@@ -38,3 +39,9 @@ def latency_row(batch: int, context: int, new_tokens: int, ttft_s: float, steps_
             "ms_per_token_p50": 1e3 * decode[len(decode) // 2],
             "ms_per_token_p90": 1e3 * decode[int(0.9 * (len(decode) - 1))],
             "decode_tok_s": batch * len(decode) / sum(decode)}
+
+
+def check_new_tokens(parser: argparse.ArgumentParser, new_tokens: int) -> None:
+    """A parser error unless `new_tokens` leaves a decode step to time (the first token is the prefill's)."""
+    if new_tokens < 2:
+        parser.error(f"--new-tokens {new_tokens} leaves no decode step to time; ask for at least 2")

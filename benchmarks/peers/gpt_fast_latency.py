@@ -31,7 +31,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers.decode_timing import decode_steps, latency_row
+from benchmarks.peers.decode_timing import check_new_tokens, decode_steps, latency_row
 from benchmarks.peers.peer import PeerMissing, import_peer, write_result
 
 from governor.engine.bench.cache import random_ids
@@ -54,8 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-json", default=None)
     p.add_argument("--plan", action="store_true", help="import gpt-fast, print the shape, run nothing")
     args = p.parse_args(argv)
-    if args.new_tokens < 2:
-        p.error(f"--new-tokens {args.new_tokens} leaves no decode step to time; ask for at least 2")
+    check_new_tokens(p, args.new_tokens)
     return args
 
 

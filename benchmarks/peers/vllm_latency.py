@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.peers.decode_timing import decode_steps, latency_row
+from benchmarks.peers.decode_timing import check_new_tokens, decode_steps, latency_row
 from benchmarks.peers.peer import engine_vocab, write_result
 from benchmarks.peers.vllm_engine import capture_sizes, import_vllm
 
@@ -47,8 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-json", default=None)
     p.add_argument("--plan", action="store_true", help="print the settings, run nothing")
     args = p.parse_args(argv)
-    if args.new_tokens < 2:
-        p.error(f"--new-tokens {args.new_tokens} leaves no decode step to time; ask for at least 2")
+    check_new_tokens(p, args.new_tokens)
     if args.context + args.new_tokens > args.max_model_len:
         p.error(f"--context {args.context} + --new-tokens {args.new_tokens} exceed --max-model-len "
                 f"{args.max_model_len}")
