@@ -127,16 +127,22 @@ def long_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> dict[str, int]:
+    """Wrap `owner.name` (a module's function or an object's method) so each call is counted, in the returned
+    {name: calls} from now on; the wrapped call runs as before."""
+    calls = {name: 0}
+    inner = getattr(owner, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[name] += 1
+        return inner(*args, **kwargs)
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 @pytest.fixture
 def sample_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How many times the engine's step calls the general sampler (`sampler.sample`), counted from now."""
     from governor.engine import llm_engine
 
-    calls = {"sample": 0}
-    inner = llm_engine.sample
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls["sample"] += 1
-        return inner(*args, **kwargs)
-    monkeypatch.setattr(llm_engine, "sample", counted)
-    return calls
+    return count_calls(monkeypatch, llm_engine, "sample")

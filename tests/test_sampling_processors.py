@@ -23,6 +23,7 @@ from governor.engine.logits_processing import LogitsProcessor, needs_processing,
 from governor.engine.models.tokenizer_builder import EOS_ID
 from governor.engine.sampler import argmax_only, sample
 from governor.engine.sampling_params import StructuredOutputsParams
+from tests.conftest import count_calls
 from tests.test_engine_parity import greedy, mixed_prompts
 
 EOS = 1  # the tiny checkpoints' eos_token_id (tests/conftest.py)
@@ -338,20 +339,13 @@ def test_plain_greedy_requests_keep_the_argmax_path_and_a_processed_one_leaves_i
 def test_async_scheduling_takes_no_argmax_step_while_a_processed_request_is_live(
         engine_with: Callable[[str], LLM], monkeypatch: pytest.MonkeyPatch) -> None:
     llm = engine_with("async")
-    engine = llm.engine
-    launched = {"n": 0}
-    inner = engine._launched
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        launched["n"] += 1
-        return inner(*args, **kwargs)
-    monkeypatch.setattr(engine, "_launched", counted)
+    launched = count_calls(monkeypatch, llm.engine, "_launched")
     prompts = mixed_prompts(3, seed=58)
     llm.generate(prompts, greedy(8))
-    assert launched["n"] > 0  # plain greedy requests do take the argmax steps
-    launched["n"] = 0
+    assert launched["_launched"] > 0  # plain greedy requests do take the argmax steps
+    launched["_launched"] = 0
     llm.generate(prompts, [greedy(8), greedy(8), SamplingParams(temperature=0.0, max_tokens=8, min_tokens=4)])
-    assert launched["n"] == 0
+    assert launched["_launched"] == 0
 
 
 def test_requests_with_processing_get_no_drafts_and_the_tokens_of_plain_decoding(
