@@ -154,7 +154,8 @@ class ModelRunner:
         # the workers apply to their copies of the host tables (so those equal rank 0's wherever a step reads).
         self._table_deltas: list[int] = []
         # A worker's copy of a fed step's tokens (rank 0's previous sampled tokens).
-        self._feed = torch.zeros(self.max_logits, dtype=torch.int64, device=device) if self.tp is not None else None
+        self._feed = (torch.zeros(self.max_logits, dtype=torch.int64, device=device)
+                      if self.tp is not None and self.tp.rank > 0 else None)
         self.graphs: CudaGraphs | None = None
         self._verify_query_len = 1 + max_spec_tokens  # query tokens per sequence of a verification graph
 

@@ -16,7 +16,7 @@ Both end in a barrier, so a buffer is never overwritten while a peer still reads
 they are captured into CUDA graphs like any kernel. NVLink multicast is never used: the buffers are made with
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (no multicast object is created) and only the peer-to-peer kernels are called.
 
-Thresholds come from `governor bench all-reduce` (docs/performance/tensor-parallelism.md).
+Thresholds: `_ONE_SHOT_MAX` and `_TWO_SHOT_MAX` below.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ import torch.distributed as dist
 
 log = logging.getLogger("governor.engine")
 
-# Largest message (bytes) each path takes, by group size; beyond the two-shot bound, NCCL.
-# Measured on H100/H200 NVLink hosts with `governor bench all-reduce`.
+# Largest message (bytes) each path takes, by group size; beyond the two-shot bound, NCCL. The TP 4 bounds come from
+# `governor bench all-reduce --tp 4` on a 4 × H200 NVLink host (docs/performance/tensor-parallelism.md); TP 2 takes
+# the same ones, not yet measured there.
 _ONE_SHOT_MAX = {2: 512 * 1024, 4: 512 * 1024}
 _TWO_SHOT_MAX = {2: 8 * 1024 * 1024, 4: 8 * 1024 * 1024}
 _DEFAULT_ONE_SHOT_MAX = 128 * 1024
