@@ -9,8 +9,15 @@
 #               the roofline, and the thresholds of tp/all_reduce.py);
 #   latency     llama3-8b shape, 512-token context, batches 1, 8, 32, at TP 1, 2, 4; TP 2 again with every
 #               all-reduce on NCCL (--disable-custom-all-reduce) and eagerly (--enforce-eager);
-#   profile     rank 0's CUDA kernel time by kernel of batch-1 decode steps (scripts/profile-decode.py) at TP 1, 2, 4:
-#               how much of a step is kernels and how many it launches;
+#   profile     where a batch-1 decode step's time goes at TP 1, 2, 4: its graph replayed by every rank in lockstep
+#               against the runner and the engine stepping it (scripts/profile-tp-step.py); rank 0's eager kernels
+#               by name (scripts/profile-decode.py); the one-row GEMV on each rank's shard of the products
+#               (scripts/gemv-sweep.py --tp);
+#   shards      one GPU suffices: one rank's share of the llama3-8b shape at TP 2 and 4 as a dense model
+#               (scripts/tp-shard-config.py) decoded at batch 1 on one GPU, beside the whole model: a rank's step
+#               without the all-reduces and the other ranks; the same step anatomy; the GEMV on the shards' shapes;
+#   shards-ab   BASE=<commit>: batch-1 latency of the llama3-8b shape and its TP 2 and 4 shards on one GPU by a git
+#               worktree of BASE and by this tree, alternated (ROUNDS, default 2): a kernel change's effect per shard;
 #   throughput  llama3-8b shape at TP 2: 256 prompts, 100 tokens in, 1024 out;
 #   70b         llama3-70b shape at TP 4: latency at batches 1, 8, 32, and the throughput workload;
 #   vllm        vLLM 0.26 on the same shapes and workloads at the same TP sizes (PEERS_DIR holds its bundle, as
@@ -30,16 +37,20 @@ sizes() { local tp; for tp in "$@"; do if [ "$tp" -le "$NGPU" ]; then printf '%s
 if [ "${DRY:-0}" = 1 ]; then
   NGPU=2 PRESET8=tiny PRESET70=small DEVICE=(--device cpu --dtype float32) LEN=(--max-model-len 256)
   LAT=(--context 64 --batches 1,2 --new-tokens 16) THR=(--num-prompts 8 --input-len 16:16 --output-len 16:16)
-  LAT70=("${LAT[@]}") THR70=("${THR[@]}") SIZES8="1 2" SIZES70="2" VLLM_THR=(--max-model-len 256)
+  LAT70=("${LAT[@]}") THR70=("${THR[@]}") SIZES8="1 2" SIZES70="2" SHARDS=2 VLLM_THR=(--max-model-len 256)
   PROF=(--context 32 --steps 3 load_format=dummy device=cpu dtype=float32 max_model_len=256)
+  ANATOMY=(--context 32 --steps 5 load_format=dummy device=cpu dtype=float32 max_model_len=256)
+  LAT_AB=(--context 64 --batches 1 --new-tokens 16)
 else
   NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
   PRESET8=llama3-8b PRESET70=llama3-70b DEVICE=(--dtype bfloat16) LEN=(--max-model-len 4096)
   LAT=(--context 512 --batches 1,8,32 --new-tokens 128)
   THR=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024)
   LAT70=("${LAT[@]}") THR70=("${THR[@]}") VLLM_THR=(--max-model-len 4096)
-  PROF=(--context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096)
-  SIZES8=$(sizes 1 2 4) SIZES70=$(sizes 4)  # 70B in bf16 is 141 GB: TP 4 on 80 GB cards
+  PROF=(--context 512 --steps 20 load_format=dummy dtype=bfloat16 max_model_len=4096 max_num_seqs=8)
+  ANATOMY=(--context 512 --steps 200 load_format=dummy dtype=bfloat16 max_model_len=4096 max_num_seqs=8)
+  LAT_AB=(--context 512 --batches 1,8 --new-tokens 64)
+  SIZES8=$(sizes 1 2 4) SIZES70=$(sizes 4) SHARDS="2 4"  # 70B in bf16 is 141 GB: TP 4 on 80 GB cards
 fi
 PEERS_DIR=${PEERS_DIR:-.peers}
 VLLM_SITE=${VLLM_SITE:-}
@@ -99,9 +110,48 @@ for s in ${STAGE:-tests allreduce latency profile throughput 70b vllm}; do
       fi ;;
     profile)
       stage config-8b config_only $M8 $PRESET8
-      for tp in $SIZES8; do
+      for tp in ${PROFILE_TP:-$SIZES8}; do
+        stage "anatomy-8b-tp$tp" timeout "${STEP_TIMEOUT_S:-540}" python3 scripts/profile-tp-step.py $M8 \
+          "$RESULTS_DIR/anatomy-8b-tp$tp.json" --tp "$tp" --batch 1 "${ANATOMY[@]}"
         stage "profile-8b-tp$tp" timeout "${STEP_TIMEOUT_S:-540}" python3 scripts/profile-decode.py $M8 \
-          "$RESULTS_DIR/profile-8b-tp$tp.json" --batch 1 "${PROF[@]}" tensor_parallel_size="$tp"
+          "$RESULTS_DIR/profile-8b-tp$tp.json" --batch 1 "${PROF[@]}" enforce_eager=true tensor_parallel_size="$tp"
+        if [ "${DRY:-0}" != 1 ] && [ "$tp" -gt 1 ]; then
+          stage "gemv-tp$tp" timeout 300 python3 scripts/gemv-sweep.py --tp "$tp" --deadline-s "${GEMV_SWEEP_S:-120}" \
+            --output-json "$RESULTS_DIR/gemv-tp$tp.json"
+        fi
+      done ;;
+    shards)
+      stage config-8b config_only $M8 $PRESET8
+      stage latency-8b-tp1 bench latency $M8 1 8b "${LAT[@]}"
+      for n in $SHARDS; do
+        stage "config-8b-shard$n" python3 scripts/tp-shard-config.py $M8 "$M8-shard$n" "$n"
+        stage "latency-8b-shard$n" bench latency "$M8-shard$n" 1 "8b-shard$n" "${LAT[@]}"
+      done
+      for m in 8b $(printf '8b-shard%s ' $SHARDS); do
+        d=$M8${m#8b}
+        stage "anatomy-$m-tp1" timeout "${STEP_TIMEOUT_S:-540}" python3 scripts/profile-tp-step.py "$d" \
+          "$RESULTS_DIR/anatomy-$m-tp1.json" --tp 1 --batch 1 "${ANATOMY[@]}"
+      done
+      if [ "${DRY:-0}" != 1 ]; then
+        for n in $SHARDS; do
+          stage "gemv-tp$n" timeout 300 python3 scripts/gemv-sweep.py --tp "$n" --deadline-s "${GEMV_SWEEP_S:-120}" \
+            --output-json "$RESULTS_DIR/gemv-tp$n.json"
+        done
+      fi ;;
+    shards-ab)
+      stage config-8b config_only $M8 $PRESET8
+      for n in $SHARDS; do stage "config-8b-shard$n" python3 scripts/tp-shard-config.py $M8 "$M8-shard$n" "$n"; done
+      base=/tmp/gpu-tp/base
+      rm -rf "$base" && git worktree prune && git worktree add -q --detach "$base" "${BASE:?BASE=<commit> to compare}"
+      for r in $(seq "${ROUNDS:-2}"); do
+        for side in base new; do
+          tree=$PWD
+          [ "$side" = base ] && tree=$base
+          for m in 8b $(printf '8b-shard%s ' $SHARDS); do
+            PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:$PYTHONPATH stage "ab-$m-$side-$r" bench latency \
+              "$M8${m#8b}" 1 "ab-$m-$side-$r" "${LAT_AB[@]}"
+          done
+        done
       done ;;
     throughput)
       stage config-8b config_only $M8 $PRESET8
@@ -130,7 +180,7 @@ for s in ${STAGE:-tests allreduce latency profile throughput 70b vllm}; do
           --model $M70 --load-format dummy --num-prompts 256 --input-len 100:100 --output-len 1024:1024 \
           "${VLLM_THR[@]}" --tensor-parallel-size "$tp"
       done ;;
-    *) echo "unknown stage $s (tests, allreduce, latency, profile, throughput, 70b, vllm)"; FAILED+=("$s") ;;
+    *) echo "unknown stage $s (tests, allreduce, latency, profile, shards, shards-ab, throughput, 70b, vllm)"; FAILED+=("$s") ;;
   esac
 done
 

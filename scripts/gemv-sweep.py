@@ -1,7 +1,10 @@
 """Sweep `governor.kernels.gemv` launch configurations (`LaunchPolicy.gemv`, each run as the device's launch policy with
 that configuration) against cuBLAS on the llama3-8b decode matmuls.
 
-    python scripts/gemv-sweep.py [--shapes qkv,down,...] [--output-json FILE] [--deadline-s 300]
+    python scripts/gemv-sweep.py [--shapes qkv,down,...] [--tp N] [--output-json FILE] [--deadline-s 300]
+
+--tp N sweeps one rank's shard of each product under N-way tensor parallelism: qkv, gate_up and lm_head keep 1/N of
+their rows (column-parallel), o and down 1/N of their columns (row-parallel).
 
 Each product is timed inside a CUDA graph of back-to-back calls that cycle through enough distinct weight
 copies (>= 4x a 50 MB L2) that every call reads its weight from HBM, as a decode step does (one weight per
@@ -32,6 +35,13 @@ from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 SHAPES = {"qkv": (6144, 4096), "down": (4096, 14336), "o": (4096, 4096), "gate_up": (28672, 4096),
           "lm_head": (128256, 4096)}
 L2_SPAN = 4 * 50 * 2**20
+_ROW_PARALLEL = ("o", "down")  # split along K under tensor parallelism; the others along N
+
+
+def shard(shape: tuple[int, int], name: str, tp: int) -> tuple[int, int]:
+    """One rank's (N, K) of a product under `tp`-way tensor parallelism."""
+    n, k = shape
+    return (n, k // tp) if name in _ROW_PARALLEL else (-(-n // tp), k)
 
 
 def time_calls(fn: Callable[[int], object], copies: int) -> float:
@@ -45,9 +55,9 @@ def configs() -> list[GemvConfig]:
     return [GemvConfig(bn, bk, warps) for bn, bk, warps in grid]
 
 
-def sweep_shape(name: str, copy: float, stop_at: float) -> list[dict]:
-    """Time cuBLAS and every gemv configuration on one shape, at one row."""
-    n, k = SHAPES[name]
+def sweep_shape(name: str, copy: float, stop_at: float, tp: int = 1) -> list[dict]:
+    """Time cuBLAS and every gemv configuration on one shape (one rank's shard of it under `tp`), at one row."""
+    n, k = shard(SHAPES[name], name, tp)
     nbytes = n * k * 2
     copies = max(1, -(-L2_SPAN // nbytes))
     ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
@@ -94,6 +104,7 @@ def sweep_shape(name: str, copy: float, stop_at: float) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--tp", type=int, default=1, help="sweep one rank's shard of each product at this TP size")
     ap.add_argument("--output-json")
     ap.add_argument("--deadline-s", type=float, default=300.0, help="stop sweeping configs after this long")
     a = ap.parse_args()
@@ -102,7 +113,7 @@ def main() -> None:
     print(f"copy {copy:.0f} GB/s", flush=True)
     results: list[dict] = []
     for name in a.shapes.split(","):
-        results += sweep_shape(name, copy, stop_at)
+        results += sweep_shape(name, copy, stop_at, a.tp)
         torch.cuda.empty_cache()
     layer_shapes = ("qkv", "o", "gate_up", "down")
     cublas = {r["gemm"]: r["us"] for r in results if r["backend"] == "cublas"}
@@ -122,11 +133,16 @@ def main() -> None:
                    "best_per_shape_us": round(sum(best[g]["us"] for g in layer_shapes), 2),
                    "best_one_config": dict(zip(GemvConfig._fields, one, strict=True)),
                    "best_one_config_us": round(whole[one], 2),
-                   "best_one_config_lm_head_us": by_config[one].get("lm_head")}
+                   "best_one_config_lm_head_us": by_config[one].get("lm_head"),
+                   "current_config_us": round(sum(by_config[tuple(policy_for(torch.device("cuda")).gemv)][g]
+                                                  for g in layer_shapes), 2)
+                   if tuple(policy_for(torch.device("cuda")).gemv) in by_config else None,
+                   "roofline_us": round(sum(2 * r["n"] * r["k"] for r in results if r["backend"] == "cublas"
+                                            and r["gemm"] in layer_shapes) / (copy * 1e3), 2)}
     print(f"per layer (qkv+o+gate_up+down incl. SiLU·mul): {json.dumps(summary)}", flush=True)
     if a.output_json:
         with open(a.output_json, "w") as f:
-            json.dump({"copy_gb_per_s": copy, "rows": results, "layer": summary,
+            json.dump({"tp": a.tp, "copy_gb_per_s": copy, "rows": results, "layer": summary,
                        "device": torch.cuda.get_device_name(), "torch": torch.__version__}, f, indent=1)
 
 

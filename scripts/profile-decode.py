@@ -4,8 +4,14 @@
     key=value, e.g. load_format=dummy dtype=bfloat16 max_model_len=4096 enforce_eager=true]
 
 Decodes `steps` steps of a `batch` of `context`-token prompts after a warm-up, then sums device time per
-kernel name (CUDA graph replays are traced kernel by kernel by CUPTI). Prints the top kernels and writes
-them, with the total kernel time per step and the kernel count per step, to OUT_JSON.
+kernel name. Pass enforce_eager=true: the profiler (torch 2.11, 4 x H200) traced the kernels of about one CUDA
+graph replay in twenty, so with graphs the sums are not a step's. Eager kernels take the time they take in a
+graph; the gaps between them do not (scripts/profile-tp-step.py measures a graph step's time as a whole).
+
+Prints the top kernels and writes them to OUT_JSON, with the kernel time and count per step, the wall time of a
+step (timed without the profiler), the time the GPU was busy (the union of the kernels' intervals: wall less busy
+is the GPU waiting for the host) and, under tensor parallelism, the time in collectives (an all-reduce's kernel
+also waits for the slowest rank to reach it).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import time
 from collections import defaultdict
 
 import torch
@@ -29,6 +36,22 @@ def _value(v: str) -> object:
         return int(v)
     except ValueError:
         return v
+
+
+_COLLECTIVES = ("nccl", "all_reduce", "allreduce", "symm", "barrier")  # kernel-name parts of the collectives
+
+
+def _union_us(intervals: list[tuple[int, int]]) -> float:
+    """Microseconds covered by at least one of the [start, end) intervals."""
+    covered, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            covered += e - s
+            end = e
+        elif e > end:
+            covered += e - end
+            end = e
+    return covered
 
 
 def main() -> None:
@@ -51,26 +74,39 @@ def main() -> None:
     for _ in range(10):  # prefill and warm-up decode steps
         eng.step()
     sync_device()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        eng.step()
+    sync_device()
+    wall_ms = (time.perf_counter() - t0) * 1e3 / a.steps
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(a.steps):
             eng.step()
         sync_device()
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    intervals = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
+            intervals.append((ev.time_range.start, ev.time_range.end))
             row = by_name[ev.name]
             row[0] += ev.time_range.elapsed_us() / a.steps / 1e3  # ms per step
             row[1] += 1 / a.steps
     rows = sorted(((n, t, c) for n, (t, c) in by_name.items()), key=lambda r: -r[1])
     total = sum(t for _, t, _ in rows)
     count = sum(c for _, _, c in rows)
-    print(f"cuda_graphs={eng.runner.graphs is not None}: {total:.2f} ms of kernels per step, {count:.0f} kernels")
+    busy_ms = _union_us(intervals) / a.steps / 1e3
+    collective_ms = sum(t for n, t, _ in rows if any(k in n.lower() for k in _COLLECTIVES))
+    print(f"cuda_graphs={eng.runner.graphs is not None}: {wall_ms:.3f} ms per step (wall), GPU busy {busy_ms:.3f} ms; "
+          f"{total:.3f} ms of kernels per step, {count:.0f} kernels, {collective_ms:.3f} ms in collectives")
     for n, t, c in rows[:25]:
         print(f"{t:8.3f} ms {c:6.0f}x  {n[:110]}")
     with open(a.out, "w") as f:
         json.dump({"batch": a.batch, "context": a.context, "steps": a.steps,
-                   "cuda_graphs": eng.runner.graphs is not None, "kernel_ms_per_step": total, "kernels_per_step": count,
+                   "cuda_graphs": eng.runner.graphs is not None, "wall_ms_per_step": wall_ms,
+                   "busy_ms_per_step": busy_ms, "collective_ms_per_step": collective_ms,
+                   "kernel_ms_per_step": total, "kernels_per_step": count,
                    "kernels": [{"name": n, "ms_per_step": t, "per_step": c} for n, t, c in rows]}, f, indent=1)
+    llm.close()
 
 
 if __name__ == "__main__":

@@ -35,11 +35,14 @@ def bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                num_key_value_heads=4, num_hidden_layers=4)
 
 
+_TIMEOUT_S = 200  # one engine's run; the child prints its stacks 20 s before, so a hang shows where it hung
+
 _ENGINE_RUN = """
-import json, sys
+import faulthandler, json, sys
 import torch
 from governor.engine import LLM, SamplingParams
 job = json.loads(sys.argv[1])
+faulthandler.dump_traceback_later(job["timeout_s"] - 20, exit=True)
 torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity needs true fp32 matmuls
 llm = LLM(job["path"], **job["engine"])
 runner, fed = llm.engine.runner, []
@@ -63,8 +66,11 @@ llm.close()
 def _run(path: Path, batches: list[list[list[int]]], new_tokens: int = 32, **engine: Any) -> dict[str, Any]:
     """Greedy tokens of each batch of prompts from an engine of `engine` settings, in a process of its own; with
     what it replayed and sent."""
-    job = json.dumps({"path": str(path), "engine": engine, "batches": batches, "new_tokens": new_tokens})
-    proc = subprocess.run([sys.executable, "-c", _ENGINE_RUN, job], capture_output=True, text=True, timeout=300)
+    engine.setdefault("max_num_seqs", 16)  # a short graph ladder: the engines start faster
+    job = json.dumps({"path": str(path), "engine": engine, "batches": batches, "new_tokens": new_tokens,
+                      "timeout_s": _TIMEOUT_S})
+    proc = subprocess.run([sys.executable, "-c", _ENGINE_RUN, job], capture_output=True, text=True,
+                          timeout=_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     return dict(json.loads(line.removeprefix("RESULT ")))

@@ -2,8 +2,9 @@
 
 Column-parallel (output features split, rank r holds block r): q/k/v projections by head, their
 biases, and the MLP's gate and up projections. Row-parallel (input features split, partial outputs
-summed by an all-reduce): o_proj and down_proj. Replicated: embedding, lm_head, every norm (Qwen3's
-q/k norms are per head_dim, so they are the same on every rank). The vocabulary is not split.
+summed by an all-reduce): o_proj and down_proj. Vocabulary-parallel: the embedding and lm_head rows, ceil(V/size)
+per rank (the model splits them: `CausalLM.vocab_rows`). Replicated: every norm (Qwen3's q/k norms are per
+head_dim, so they are the same on every rank).
 """
 
 from __future__ import annotations
