@@ -13,7 +13,7 @@ import torch
 from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
-from governor.kernels.gemv import gemv, gemv_ref, gemv_usable
+from governor.kernels.gemv import block_k_for, gemv, gemv_ref, gemv_usable
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from tests.conftest import DEVICE, TINY, needs_triton, seeded_randn
 from tests.test_engine_parity import hf_greedy, mixed_prompts
@@ -76,6 +76,23 @@ def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
     _assert_sum_order_close(gemv(x, w), x, w, None, False)
 
 
+def test_a_launch_takes_the_largest_whole_k_step_up_to_the_policys() -> None:
+    assert block_k_for(2048, 4096) == 2048 and block_k_for(2048, 14336) == 2048  # llama3-8b
+    assert block_k_for(2048, 7168) == 1024 and block_k_for(2048, 3584) == 512  # its down_proj at TP 2 and 4
+    assert block_k_for(2048, 3072) == 1024 and block_k_for(1024, 1024) == 1024
+    assert block_k_for(2048, 2368) == 2048  # no power-of-two step from 128 up divides it: masked steps
+
+
+@needs_triton
+def test_gemv_halves_its_k_step_until_it_divides_k() -> None:
+    """K = 384 under a 256-column policy: a 128-column step, three whole steps (the kernel's peeled first step and
+    its loop), the same product."""
+    x = seeded_randn(1, 384, dtype=torch.float32, seed=8)
+    w = seeded_randn(12, 384, dtype=torch.float32, seed=9, scale=0.1)
+    assert block_k_for(256, 384) == 128
+    _assert_sum_order_close(gemv(x, w, policy=_tiles(4, 256, 4)), x, w, None, False)
+
+
 @needs_triton
 def test_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
     w = torch.zeros(8, 16, device=DEVICE)
@@ -120,8 +137,10 @@ def test_the_fused_model_runs_small_steps_through_gemv_and_keeps_transformers_to
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("n,k,silu_mul", [(6144, 4096, False), (4096, 4096, False), (28672, 4096, False),
-                                          (4096, 14336, True), (128256, 4096, False), (1024, 3072, True)],
-                         ids=["qkv", "o", "gate_up", "down-silu", "lm_head", "qwen3-0.6b-down-silu"])
+                                          (4096, 14336, True), (128256, 4096, False), (1024, 3072, True),
+                                          (4096, 7168, True), (4096, 3584, True), (4096, 1024, False)],
+                         ids=["qkv", "o", "gate_up", "down-silu", "lm_head", "qwen3-0.6b-down-silu", "down-silu-tp2",
+                              "down-silu-tp4", "o-tp4"])
 def test_gpu_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n: int, k: int, silu_mul: bool
                                                                              ) -> None:
     x = seeded_randn(1, 2 * k if silu_mul else k, dtype=torch.bfloat16, seed=6)

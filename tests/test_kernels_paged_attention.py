@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from governor.kernels import paged_attention as pa
-from governor.kernels.elementwise import INTERPRET
+from governor.kernels.elementwise import INTERPRET, has_pdl
 from governor.kernels.launch_policy import LaunchPolicy, policy_for, policy_for_arch
 from governor.kernels.paged_attention import checks as pa_checks
 from governor.kernels.paged_attention import decode as pa_decode
@@ -372,7 +372,7 @@ def test_split_decode_partials_merge_alike_every_way(monkeypatch: pytest.MonkeyP
         _decode_against_ref(case, 4, 3, fp8=kv, q_dtype=torch.bfloat16 if fp8 else None, policy=policy)
     assert [k["FOLD"] for k in decode.launches] == [merge == "fold"] * 2
     assert len(reduce.launches) == (0 if merge == "fold" else 2)
-    pdl_on = pdl and pa_decode._has_pdl(DEVICE)
+    pdl_on = pdl and has_pdl(DEVICE)
     assert all(k["PDL"] is pdl_on and k.get("launch_pdl", False) is pdl_on for k in reduce.launches)
     if merge == "fold":
         assert not pa_decode._FOLD_COUNTERS[case.seq_lens.device].any()

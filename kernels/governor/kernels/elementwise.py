@@ -14,10 +14,13 @@ the paged KV cache is `paged_attention.rotary_write_kv` (in `paged_attention.kv_
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
@@ -28,6 +31,27 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 def triton_usable(t: torch.Tensor) -> bool:
     """Whether Triton kernels can run on `t`: a CUDA tensor, or any tensor under TRITON_INTERPRET=1."""
     return t.is_cuda or INTERPRET
+
+
+@functools.cache
+def has_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (and Triton's gdc_* instructions): CUDA devices of compute capability 9.0+, and
+    not under the interpreter."""
+    return not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def chain_pdl(policy: LaunchPolicy, device: torch.device) -> bool:
+    """Whether a launch of the decode chain's kernels (`LaunchPolicy.step_pdl`) runs under programmatic dependent
+    launch on `device`. Such a kernel lets the next one launch as soon as all its programs have started
+    (gdc_launch_dependents) and waits for the one before it to finish, and its writes to show, before it reads
+    anything that kernel may have written or writes anything at all (gdc_wait). A kernel launched so after one that
+    does not trigger simply starts when that one ends; the chain is the same in CUDA graphs (programmatic edges)."""
+    return policy.step_pdl and has_pdl(device)
+
+
+def pdl_launch(pdl: bool) -> dict[str, bool]:
+    """The launch option of a kernel launched under programmatic dependent launch (`chain_pdl`)."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,17 +125,21 @@ def rotate(x, x_half, cos, sin, dtype: tl.constexpr):
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
                          stride_x, stride_r, stride_o, stride_h,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One program per row.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     dtype = out_ptr.dtype.element_ty
+    if PDL:
+        gdc_launch_dependents()
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no earlier kernel writes it
+    if PDL:
+        gdc_wait()
     h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         h = round_to(h + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32), dtype)
         tl.store(h_ptr + row * stride_h + cols, h.to(dtype), mask=mask)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rms_rstd(h, n, eps), w, dtype).to(dtype), mask=mask)
 
 
@@ -131,9 +159,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         if policy is None:
             policy = policy_for(x.device)
         r = x if residual is None else residual  # never read without a residual
+        pdl = chain_pdl(policy, x.device)
         _add_rms_norm_kernel[(t,)](x, r, weight, out, h, n, eps, x.stride(0), r.stride(0), out.stride(0),
                                    h.stride(0), HAS_RESIDUAL=residual is not None,
-                                   BLOCK=triton.next_power_of_2(n), num_warps=_row_warps(policy, n))
+                                   BLOCK=triton.next_power_of_2(n), PDL=pdl, num_warps=_row_warps(policy, n),
+                                   **pdl_launch(pdl))
     return out, h
 
 

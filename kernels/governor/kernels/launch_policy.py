@@ -95,8 +95,14 @@ class LaunchPolicy:
     rotary_one_warp_max_tokens: int = 256
 
     # --- gemv.
-    # The fastest single configuration over a llama3-8b layer on an H100 and an H200 (docs/design/gemv.md).
+    # The fastest single configuration over a llama3-8b layer on an H100 and an H200 (docs/design/gemv.md). A launch
+    # takes the largest K step up to block_k that divides K (`gemv.block_k_for`): masked steps cost up to 2x.
     gemv: GemvConfig = GemvConfig(block_n=4, block_k=2048, num_warps=4)  # noqa: RUF009 (a tuple: immutable)
+
+    # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.
+    # Whether they launch under programmatic dependent launch where the GPU has it (`elementwise.chain_pdl`): each
+    # lets the next start at its own start, and a GEMV reads its first weight tile before waiting for its input.
+    step_pdl: bool = True
 
     # --- Elementwise kernels (`elementwise`).
     # Columns a SiLU·mul program covers: 8 values a thread of Triton's default 4 warps.

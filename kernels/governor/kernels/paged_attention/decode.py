@@ -10,14 +10,12 @@ split-KV partials: folded into the decode kernel through per-(seq, kv head) arri
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from governor.kernels.elementwise import INTERPRET
+from governor.kernels.elementwise import INTERPRET, chain_pdl, has_pdl, pdl_launch
 from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 from .checks import FP8_KV_DTYPE, _check_attention_args, _check_out, _needs_int64_offsets, _require_triton
@@ -69,12 +67,16 @@ def _decode_kernel(
     SPLITS_PAD: tl.constexpr,
     FOLD: tl.constexpr,
     PDL: tl.constexpr,
+    CHAIN_PDL: tl.constexpr,
 ):
     # Program (seq, kv head, partition): all GROUP query heads of the kv head at once, so each K/V
     # row is read once per group. Rows >= GROUP are padding (tl.dot needs >= 16 rows).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if CHAIN_PDL:  # the decode chain (elementwise.chain_pdl): q and the newest keys are the kernel before's output
+        gdc_launch_dependents()
+        gdc_wait()
     seq_len = tl.load(seq_lens_ptr + seq)
     if SPLIT:
         # Partitions past seq_len run no tiles; the reduce ignores them (it recounts valid ones).
@@ -242,7 +244,9 @@ def paged_decode_attention(
     split = num_splits > 1
     wide = _wide_decode(policy, fp8, split, batch * num_kv_heads, q.device)
     fold = split and num_splits <= policy.decode_fold_max_splits
-    pdl = split and not fold and policy.decode_reduce_pdl and _has_pdl(q.device)
+    pdl = split and not fold and policy.decode_reduce_pdl and has_pdl(q.device)
+    # In the decode chain unless a reduce kernel follows (that pairing has its own trigger, after the partials).
+    chain = chain_pdl(policy, q.device) and not (split and not fold)
 
     if split:
         rows = batch * num_q_heads * num_splits
@@ -283,7 +287,9 @@ def paged_decode_attention(
             SPLITS_PAD=triton.next_power_of_2(num_splits),
             FOLD=fold,
             PDL=pdl,
+            CHAIN_PDL=chain,
             **_decode_launch_options(policy, fp8, wide),
+            **pdl_launch(chain),
         )  # fmt: skip
     if split and not fold:
         _decode_reduce_kernel[(batch, num_q_heads)](
@@ -321,13 +327,6 @@ def _fold_counters(device: torch.device, n: int) -> torch.Tensor:
         counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _FOLD_COUNTERS[device] = counters
     return counters
-
-
-@functools.cache
-def _has_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch (and Triton's gdc_* instructions): CUDA devices of compute capability 9.0+, and
-    not under the interpreter."""
-    return not INTERPRET and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _wide_decode(policy: LaunchPolicy, fp8: bool, split: bool, programs: int, device: torch.device) -> bool:

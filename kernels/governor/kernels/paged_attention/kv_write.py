@@ -9,8 +9,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from governor.kernels.elementwise import INTERPRET, rms_norm_ref, rms_rstd, rms_scale, rotate, rotate_ref, triton_usable
+from governor.kernels.elementwise import (
+    INTERPRET,
+    chain_pdl,
+    pdl_launch,
+    rms_norm_ref,
+    rms_rstd,
+    rms_scale,
+    rotate,
+    rotate_ref,
+    triton_usable,
+)
 from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 from .checks import FP8_MAX, _check_cache, _require_pow2_head_dim
@@ -184,12 +195,16 @@ def _rotary_write_kv_kernel(
     QK_NORM: tl.constexpr,
     FP8: tl.constexpr,
     INTERPRET: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # Program (token, head) over the q heads then the kv heads: a q head is normed/rotated in place, a kv
     # head's rotated key and its value go to the cache. Heads sit side by side in a qkv row, so
     # `head * HEAD_DIM` addresses q head `head` and, past NUM_HEADS, key head `head - NUM_HEADS`.
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    if PDL:  # the decode chain (elementwise.chain_pdl): qkv is the kernel before's output
+        gdc_launch_dependents()
+        gdc_wait()
     dtype = qkv_ptr.dtype.element_ty
     d = tl.arange(0, HEAD_DIM)
     d_half = (d + HEAD_DIM // 2) % HEAD_DIM  # roll(x, D/2)[d] = x[(d + D/2) mod D]
@@ -303,6 +318,7 @@ def rotary_write_kv(
     one_warp = q_norm is not None and t <= policy.rotary_one_warp_max_tokens
     k_flat = k_cache.view(-1, num_kv_heads, head_dim)
     v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    pdl = chain_pdl(policy, qkv.device)
     _rotary_write_kv_kernel[(t, num_heads + num_kv_heads)](
         qkv, positions, cos_sin,
         q_norm if q_norm is not None else cos_sin, k_norm if k_norm is not None else cos_sin,  # unread w/o QK_NORM
@@ -316,7 +332,9 @@ def rotary_write_kv(
         QK_NORM=q_norm is not None,
         FP8=fp8,
         INTERPRET=INTERPRET,
+        PDL=pdl,
         num_warps=policy.rotary_qk_norm_num_warps if one_warp else policy.rotary_num_warps,
+        **pdl_launch(pdl),
     )  # fmt: skip
     return q
 
