@@ -16,8 +16,9 @@
 #   shards      one GPU suffices: one rank's share of the llama3-8b shape at TP 2 and 4 as a dense model
 #               (scripts/tp-shard-config.py) decoded at batch 1 on one GPU, beside the whole model: a rank's step
 #               without the all-reduces and the other ranks; the same step anatomy; the GEMV on the shards' shapes;
-#   shards-ab   BASE=<commit>: batch-1 latency of the llama3-8b shape and its TP 2 and 4 shards on one GPU by a git
-#               worktree of BASE and by this tree, alternated (ROUNDS, default 2): a kernel change's effect per shard;
+#   shards-ab   BASE=<commit> (a git worktree of it) or BASE_TREE=<folder> (e.g. from `git archive`, where the copy
+#               has no .git): latency of the llama3-8b shape and its TP 2 and 4 shards on one GPU by that code and by
+#               this tree, alternated (ROUNDS, default 2): a kernel change's effect per shard;
 #   throughput  llama3-8b shape at TP 2: 256 prompts, 100 tokens in, 1024 out;
 #   70b         llama3-70b shape at TP 4: latency at batches 1, 8, 32, and the throughput workload;
 #   vllm        vLLM 0.26 on the same shapes and workloads at the same TP sizes (PEERS_DIR holds its bundle, as
@@ -80,6 +81,10 @@ bench() {  # bench KIND MODEL_DIR TP TAG ARGS...: one `governor bench KIND` run,
 all_reduce() {  # all_reduce TP: `bench all-reduce`, JSON to $RESULTS_DIR/allreduce-tpTP.json
   gov bench all-reduce --tp "$1" --output-json "$RESULTS_DIR/allreduce-tp$1.json" && [ -s "$RESULTS_DIR/allreduce-tp$1.json" ]
 }
+make_worktree() {  # make_worktree DIR COMMIT: a git worktree of COMMIT at DIR
+  [ -n "$2" ] || { echo "BASE=<commit> or BASE_TREE=<folder> names the code to compare"; return 1; }
+  rm -rf "$1" && git worktree prune && git worktree add -q --detach "$1" "$2"
+}
 install_vllm() {  # unpack the bundle into PEERS_DIR/site (a no-op when it holds this bundle already)
   python3 -m benchmarks.peers.bundle install --peers-dir "$PEERS_DIR" --target "$PEERS_DIR/site" &&
     VLLM_SITE=$PEERS_DIR/site
@@ -141,10 +146,12 @@ for s in ${STAGE:-tests allreduce latency profile throughput 70b vllm}; do
     shards-ab)
       stage config-8b config_only $M8 $PRESET8
       for n in $SHARDS; do stage "config-8b-shard$n" python3 scripts/tp-shard-config.py $M8 "$M8-shard$n" "$n"; done
-      base=/tmp/gpu-tp/base
-      rm -rf "$base" && git worktree prune && git worktree add -q --detach "$base" "${BASE:?BASE=<commit> to compare}"
+      base=${BASE_TREE:-/tmp/gpu-tp/base}
+      sides="base new"
+      if [ -z "${BASE_TREE:-}" ]; then stage base-tree make_worktree "$base" "${BASE:-}"; fi
+      [ -d "$base/kernels/governor" ] || sides=new
       for r in $(seq "${ROUNDS:-2}"); do
-        for side in base new; do
+        for side in $sides; do
           tree=$PWD
           [ "$side" = base ] && tree=$base
           for m in 8b $(printf '8b-shard%s ' $SHARDS); do

@@ -27,7 +27,11 @@ import torch
 
 from governor.engine import LLM
 from governor.engine.cli import main as governor_main
+from governor.engine.config import EngineConfig
+from governor.engine.executor import resolve_worker_spec
 from governor.engine.models.make_model import make_model
+from governor.engine.models.model_config import load_model_config
+from governor.engine.worker import Worker
 from tests.conftest import build_hf_checkpoint
 from tests.test_engine_parity import greedy, hf_greedy, mixed_prompts
 from tests.test_spec_decode import repetitive_prompts, tokens
@@ -143,6 +147,24 @@ def test_a_size_that_does_not_split_the_model_is_refused_before_any_worker_start
     assert multiprocessing.active_children() == []
 
 
+def test_every_rank_takes_rank_0s_float32_matmul_precision(hf_checkpoint) -> None:
+    """A worker process starts at PyTorch's default; rank 0's setting (no TF32 for an fp32 comparison, say) travels in
+    the spec, so that every rank rounds its shard of a float32 product alike."""
+    path = str(hf_checkpoint("llama"))
+    config = EngineConfig(model=path, device="cpu", dtype="float32")
+    mc = load_model_config(path)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        spec = resolve_worker_spec(config, mc, 64, mc.vocab_size)
+        assert spec.float32_matmul_precision == "medium"
+        torch.set_float32_matmul_precision("highest")  # what a fresh worker process would have
+        Worker(spec)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
 def test_tensor_parallel_size_must_be_positive(hf_checkpoint) -> None:
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         LLM(str(hf_checkpoint("llama")), tensor_parallel_size=0)
@@ -203,6 +225,9 @@ _ORPHAN_SCRIPT = """
 import os, signal, sys
 from governor.engine import LLM
 from governor.engine.cli import main as governor_main
+from governor.engine.config import EngineConfig
+from governor.engine.executor import resolve_worker_spec
+from governor.engine.models.model_config import load_model_config
 llm = LLM(sys.argv[1], dtype="float32", tensor_parallel_size=2)
 print(llm.engine.executor._workers.pids[0], flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # rank 0 dies without closing anything

@@ -49,7 +49,8 @@ def resolve_worker_spec(config: EngineConfig, model_config: ModelConfig, max_mod
         draft_bytes = bytes_per_block(load_model_config(spec.model), config.block_size, dtype)
     return WorkerSpec(config, model_config, dtype, device_type, max_model_len, backend, calibration_vocab,
                       draft_bytes,
-                      cuda_graphs=device_type == "cuda" and backend == "triton" and not config.enforce_eager)
+                      cuda_graphs=device_type == "cuda" and backend == "triton" and not config.enforce_eager,
+                      float32_matmul_precision=torch.get_float32_matmul_precision())
 
 
 def _resolve_device(device: str) -> str:

@@ -47,6 +47,9 @@ class WorkerSpec:
     # Decode and verification steps replay CUDA graphs, captured by every rank at start: on CUDA with the Triton
     # attention backend (the torch reference syncs with the host), unless enforce_eager.
     cuda_graphs: bool = False
+    # Rank 0's `torch.get_float32_matmul_precision()` ("highest": no TF32), which every rank takes: ranks that rounded
+    # float32 matmuls differently would compute different shards of one product.
+    float32_matmul_precision: str = "highest"
 
 
 class Worker:
@@ -56,6 +59,7 @@ class Worker:
         self.spec = spec
         self.tp = tp
         cfg = spec.config
+        torch.set_float32_matmul_precision(spec.float32_matmul_precision)
         self.device = rank_device(spec.device_type, tp.rank, tp.size)
         self.local_config = shard_config(spec.model_config, tp.size)
         self.block_size = cfg.block_size
