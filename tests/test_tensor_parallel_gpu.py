@@ -35,7 +35,7 @@ def bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                num_key_value_heads=4, num_hidden_layers=4)
 
 
-_TIMEOUT_S = 200  # one engine's run; the child prints its stacks 20 s before, so a hang shows where it hung
+_TIMEOUT_S = 150  # one engine's run; the child prints its stacks 20 s before, so a hang shows where it hung
 
 _ENGINE_RUN = """
 import faulthandler, json, sys

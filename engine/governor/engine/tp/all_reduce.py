@@ -32,9 +32,9 @@ import torch.distributed as dist
 
 log = logging.getLogger("governor.engine")
 
-# Largest message (bytes) each path takes, by group size; beyond the two-shot bound, NCCL. The TP 4 bounds come from
-# `governor bench all-reduce --tp 4` on a 4 × H200 NVLink host (docs/performance/tensor-parallelism.md); TP 2 takes
-# the same ones, not yet measured there.
+# Largest message (bytes) each path takes, by group size; beyond the two-shot bound, NCCL. From `governor bench
+# all-reduce --tp 2` and `--tp 4` on 2 and 4 H200s over NVLink (docs/performance/tensor-parallelism.md): at both sizes
+# one-shot is fastest up to 512 KiB, one- and two-shot tie at 1 MiB, two-shot is fastest from there to 8 MiB.
 _ONE_SHOT_MAX = {2: 512 * 1024, 4: 512 * 1024}
 _TWO_SHOT_MAX = {2: 8 * 1024 * 1024, 4: 8 * 1024 * 1024}
 _DEFAULT_ONE_SHOT_MAX = 128 * 1024
