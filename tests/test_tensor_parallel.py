@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -191,6 +192,22 @@ def test_a_draft_model_runs_whole_on_rank_0_beside_the_split_target(hf_checkpoin
         stats = llm.stats()
         assert llm.engine.spec.proposer.model.tp.size == 1  # type: ignore[union-attr]
     assert stats["spec_proposed_tokens"] > 0 and stats["spec_accepted_tokens"] == stats["spec_proposed_tokens"]
+
+
+def test_sigusr1_makes_a_worker_print_where_it_waits(hf_checkpoint, capfd: pytest.CaptureFixture[str]) -> None:
+    with LLM(str(hf_checkpoint("llama")), dtype="float32", tensor_parallel_size=2) as llm:
+        llm.generate([[5, 6, 7]], greedy(2))
+        workers = llm.engine.executor._workers
+        assert workers is not None
+        capfd.readouterr()
+        os.kill(workers.pids[0], signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        err = ""
+        while "in follow" not in err and time.monotonic() < deadline:  # the worker idles in its step loop
+            time.sleep(0.1)
+            err += capfd.readouterr().err
+        assert "in follow" in err and "in serve" in err, err[-2000:]
+        assert all(pid_alive(p) for p in workers.pids)  # a stack dump, not an exit
 
 
 def test_close_ends_every_worker_process(hf_checkpoint) -> None:

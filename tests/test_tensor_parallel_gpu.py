@@ -7,9 +7,14 @@ tensor-parallel engine only (tp/all_reduce.py). The checkpoint has 4 KV heads so
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +40,37 @@ def bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                num_key_value_heads=4, num_hidden_layers=4)
 
 
-_TIMEOUT_S = 150  # one engine's run; the child prints its stacks 20 s before, so a hang shows where it hung
+_TIMEOUT_S = 150  # one engine's run
+
+
+def _run_child(args: list[str], log: Path, timeout_s: float = _TIMEOUT_S) -> int:
+    """Run a Python child in a session of its own, its output (and its workers') into `log`; its exit code.
+
+    A file, not a pipe: a worker that outlives its rank 0 cannot hold the output open. On a timeout every process of
+    the session gets SIGUSR1 first (rank 0 and the workers print every thread's stack: where each rank waits), then
+    SIGKILL, and the test fails with the log's tail. Whatever is left of the session is killed in the end."""
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, *args], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGUSR1)
+            time.sleep(3.0)
+            pytest.fail(f"{args[0]} {args[1][:60]!r}... did not finish in {timeout_s:.0f} s; every rank's stacks "
+                        f"and the output ({log}):\n{log.read_text()[-12000:]}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
 
 _ENGINE_RUN = """
-import faulthandler, json, sys
+import faulthandler, json, signal, sys
 import torch
 from governor.engine import LLM, SamplingParams
 job = json.loads(sys.argv[1])
-faulthandler.dump_traceback_later(job["timeout_s"] - 20, exit=True)
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 torch.backends.cuda.matmul.allow_tf32 = False  # fp32 parity needs true fp32 matmuls
 llm = LLM(job["path"], **job["engine"])
 runner, fed = llm.engine.runner, []
@@ -67,12 +95,12 @@ def _run(path: Path, batches: list[list[list[int]]], new_tokens: int = 32, **eng
     """Greedy tokens of each batch of prompts from an engine of `engine` settings, in a process of its own; with
     what it replayed and sent."""
     engine.setdefault("max_num_seqs", 16)  # a short graph ladder: the engines start faster
-    job = json.dumps({"path": str(path), "engine": engine, "batches": batches, "new_tokens": new_tokens,
-                      "timeout_s": _TIMEOUT_S})
-    proc = subprocess.run([sys.executable, "-c", _ENGINE_RUN, job], capture_output=True, text=True,
-                          timeout=_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    job = json.dumps({"path": str(path), "engine": engine, "batches": batches, "new_tokens": new_tokens})
+    log = Path(tempfile.mkdtemp(prefix="tp-gpu-")) / "engine.log"
+    code = _run_child(["-c", _ENGINE_RUN, job], log)
+    output = log.read_text()
+    assert code == 0, output[-6000:]
+    line = next(x for x in output.splitlines() if x.startswith("RESULT "))
     return dict(json.loads(line.removeprefix("RESULT ")))
 
 
@@ -114,8 +142,9 @@ def test_gpu_bf16_tokens_agree_with_one_gpu(bf16_checkpoint: Path, size: int) ->
 
 
 _DIES_MID_STEP = """
-import os, signal, sys, threading, time
+import faulthandler, os, signal, sys, threading, time
 from governor.engine import LLM, SamplingParams
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 llm = LLM(sys.argv[1], tensor_parallel_size=2, max_num_seqs=8)
 worker = llm.engine.executor._workers.pids[0]
 threading.Timer(3.0, os.kill, (worker, signal.SIGKILL)).start()
@@ -128,11 +157,12 @@ print("the engine kept stepping without its worker", flush=True)
 
 
 @_needs(2)
-def test_gpu_a_worker_killed_mid_step_ends_the_process_with_an_error_naming_it(bf16_checkpoint: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", _DIES_MID_STEP, str(bf16_checkpoint)], capture_output=True,
-                          text=True, timeout=240)
-    out = proc.stdout + proc.stderr
+def test_gpu_a_worker_killed_mid_step_ends_the_process_with_an_error_naming_it(bf16_checkpoint: Path,
+                                                                              tmp_path: Path) -> None:
+    log = tmp_path / "dies.log"
+    code = _run_child(["-c", _DIES_MID_STEP, str(bf16_checkpoint)], log, timeout_s=240)
+    out = log.read_text()
     assert "kept stepping" not in out
     # Either rank 0 saw the failure in a step (an error naming the worker) or the watchdog ended the process.
     assert "tensor-parallel worker rank 1" in out and "exited with code -9" in out, out[-3000:]
-    assert proc.returncode != 0
+    assert code != 0

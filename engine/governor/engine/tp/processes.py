@@ -3,11 +3,14 @@
 Each worker is a daemon process of the spawn context that joins the rendezvous, builds its Worker
 (worker.py) and follows rank 0's steps until rank 0 sends the shutdown. A worker never outlives rank
 0: it leaves when the control group's connection to rank 0 breaks, and a watchdog thread ends it if
-its parent process is gone; SIGINT is ignored (a terminal's Ctrl-C reaches rank 0, which stops it).
+its parent process is gone; SIGINT is ignored (a terminal's Ctrl-C reaches rank 0, which stops it). SIGUSR1 makes
+a worker print every thread's Python stack to its stderr (`kill -USR1 PID`: where a rank waits), from a C signal
+handler that runs even while the worker is blocked in a call that holds the interpreter lock.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -88,6 +91,8 @@ def _exit_when_orphaned(parent_pid: int) -> None:
 
 def _worker_main(spec: WorkerSpec, rank: int, size: int, port: int, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), name="governor-tp-watchdog",
                      daemon=True).start()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s %(name)s[rank {rank}]: %(message)s")
