@@ -1,8 +1,8 @@
-"""Pre-quantized AWQ and GPTQ checkpoints load and run the same greedy tokens as transformers on the
-dequantized weights.
+"""Pre-quantized AWQ, GPTQ and block-scaled fp8 checkpoints load and run the same greedy tokens as transformers on
+the dequantized weights.
 
 The test packs and unpacks with its own code, written from the formats' definitions (independent of
-models/quantization.py): a tiny random checkpoint's decoder linears are quantized, written as an AWQ or GPTQ
+models/quantization.py): a tiny random checkpoint's decoder linears are quantized, written as an AWQ, GPTQ or fp8
 checkpoint, and the packed tensors are unpacked again into an fp32 Hugging Face checkpoint, the oracle.
 """
 
@@ -35,13 +35,18 @@ AWQ_NIBBLE_COLUMN = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble k of an int32 h
 
 @dataclass(frozen=True)
 class Scheme:
-    method: str  # "awq" or "gptq"
+    method: str  # "awq", "gptq" or "fp8"
     bits: int
     group_size: int  # -1: one group
     desc_act: bool = False
     sym: bool = False
+    block: tuple[int, int] | None = None  # fp8: weight_block_size
 
     def config(self) -> dict[str, Any]:
+        if self.method == "fp8":
+            assert self.block is not None
+            return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                    "weight_block_size": list(self.block)}
         if self.method == "awq":
             return {"quant_method": "awq", "bits": 4, "group_size": self.group_size, "version": "gemm",
                     "zero_point": True, "modules_to_not_convert": None}
@@ -138,8 +143,47 @@ def group_index(in_features: int, scheme: Scheme, perm: torch.Tensor) -> torch.T
     return g_idx
 
 
+# fp8 blocks: ragged input blocks (64 and 128 input features in 48-wide blocks), square ones, and the MQA shape's
+# 16-row k/v projections.
+FP8_CASES = {
+    "llama-16x48-ragged": ("llama", Scheme("fp8", 8, -1, block=(16, 48))),
+    "qwen3-32x64": ("qwen3", Scheme("fp8", 8, -1, block=(32, 64))),
+    "llama3-rope-mqa-16x16": ("llama3-rope-mqa", Scheme("fp8", 8, -1, block=(16, 16))),
+}
+E4M3_MAX = 448.0
+
+
+def fp8_blocks(shape: tuple[int, int], block: tuple[int, int]) -> list[tuple[int, int, slice, slice]]:
+    """(block row, block column, rows, columns) of every block of a [out, in] weight, the last ones ragged."""
+    bn, bk = block
+    return [(r, c, slice(r * bn, (r + 1) * bn), slice(c * bk, (c + 1) * bk))
+            for r in range(-(-shape[0] // bn)) for c in range(-(-shape[1] // bk))]
+
+
+def quantize_fp8(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, float32 weight_scale_inv): each block scaled so that its largest magnitude maps to 448."""
+    blocks = fp8_blocks(tuple(w.shape), block)
+    scale = torch.zeros(blocks[-1][0] + 1, blocks[-1][1] + 1)
+    q = torch.zeros(w.shape, dtype=torch.float8_e4m3fn)
+    for r, c, rows, cols in blocks:
+        scale[r, c] = w[rows, cols].abs().max().clamp(min=1e-12) / E4M3_MAX
+        q[rows, cols] = (w[rows, cols] / scale[r, c]).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    w = torch.zeros(q.shape)
+    for r, c, rows, cols in fp8_blocks(tuple(q.shape), block):
+        w[rows, cols] = q[rows, cols].float() * scale[r, c]
+    return w
+
+
 def pack_linear(w: torch.Tensor, scheme: Scheme, perm: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """A linear's checkpoint tensors in `scheme`'s format, and the weight unpacked from them (fp32 [out, in])."""
+    if scheme.method == "fp8":
+        assert scheme.block is not None
+        q, scale = quantize_fp8(w, scheme.block)
+        return {"weight": q, "weight_scale_inv": scale}, dequantize_fp8(q, scale, scheme.block)
     g_idx = group_index(w.shape[1], scheme, perm)
     q, z, s = quantize(w, scheme, g_idx)
     if scheme.method == "awq":
@@ -213,6 +257,37 @@ def test_gptq_checkpoint_matches_transformers_on_its_dequantized_weights(quantiz
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=2))
 
 
+@pytest.mark.parametrize("case", FP8_CASES)
+def test_fp8_block_scaled_checkpoint_matches_transformers_on_its_dequantized_weights(quantized, hf_model,
+                                                                                     case: str) -> None:
+    arch, scheme = FP8_CASES[case]
+    packed, oracle = quantized(arch, scheme)
+    llm = LLM(str(packed), dtype="float32")
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=7))
+
+
+def test_fp8_linears_hold_e4m3_weights_and_a_scale_per_block(quantized) -> None:
+    packed, _ = quantized(*FP8_CASES["llama-16x48-ragged"])
+    model = LLM(str(packed), dtype="float32").engine.model
+    qkv, down = model.decoder_layers[0].self_attn.qkv_weight, model.decoder_layers[0].mlp.down_weight
+    assert isinstance(qkv, QuantizedLinear) and isinstance(down, QuantizedLinear)
+    assert qkv.weight.dtype == torch.float8_e4m3fn and qkv.weight.shape == (64 + 32 + 32, 64)
+    assert qkv.weight_scale_inv.shape == (128 // 16, 2)  # 64 input features in 48-wide blocks: 2, one ragged
+    assert down.weight_scale_inv.shape == (64 // 16, 3)  # 128 in 48-wide blocks: 3
+
+
+def test_an_fp8_checkpoint_with_a_dense_weight_is_refused_naming_it(quantized, tmp_path: Path) -> None:
+    packed, _ = quantized(*FP8_CASES["qwen3-32x64"])
+    shutil.copytree(packed, tmp_path / "m")
+    tensors = load_file(tmp_path / "m" / "model.safetensors")
+    name = "model.layers.1.mlp.up_proj.weight"
+    tensors[name] = tensors[name].float()
+    save_file(tensors, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"{name}' is torch.float32; an fp8 checkpoint stores weight as "
+                                         r"torch.float8_e4m3fn"):
+        LLM(str(tmp_path / "m"), dtype="float32")
+
+
 def test_quantized_linears_are_packed_and_lm_head_stays_dense(quantized) -> None:
     packed, _ = quantized("llama", AWQ)
     model = LLM(str(packed), dtype="float32").engine.model
@@ -253,11 +328,11 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order"])
+@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order", "qwen3-32x64"])
 def test_gpu_quantized_layers_under_cuda_graphs_match_transformers(quantized, hf_model, case: str) -> None:
     """On the GPU (Triton backend, decode steps replayed from CUDA graphs, fp32), the reference path gives the tokens
     transformers gives on the dequantized weights (CPU, fp32)."""
-    arch, scheme = ("llama", AWQ) if case == "awq" else GPTQ_CASES[case]
+    arch, scheme = ("llama", AWQ) if case == "awq" else {**GPTQ_CASES, **FP8_CASES}[case]
     packed, oracle = quantized(arch, scheme)
     llm = LLM(str(packed), dtype="float32", device="cuda")
     assert llm.engine.executor.use_cuda_graphs
@@ -271,7 +346,14 @@ def tiny_config(quantized) -> dict[str, Any]:
 
 
 REJECTED = {
-    "other method": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "quant_method 'fp8'"),
+    "other method": ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes'"),
+    "fp8 per-tensor": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8 without weight_block_size"),
+    "fp8 static activations": ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [16, 16]},
+                               "fp8 activation_scheme 'static'"),
+    "fp8 e5m2": ({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [16, 16]}, "fp8 fmt 'e5m2'"),
+    "fp8 malformed block": ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size=[128]"),
+    "fp8 block rows not dividing": ({"quant_method": "fp8", "weight_block_size": [24, 16]},
+                                    "not a multiple of 24"),
     "awq other bits": ({"quant_method": "awq", "bits": 8, "group_size": 64, "version": "gemm", "zero_point": True},
                        "awq with bits=8"),
     "awq gemv layout": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv", "zero_point": True},

@@ -11,9 +11,9 @@ split too: each rank holds ceil(V / N) rows of the embedding and of lm_head (the
 padding). A token's embedding comes from the rank that holds its row (the others add zeros, in the same
 all-reduce pattern), and each rank's logits cover its rows; they are gathered for the rows that sample only.
 
-A pre-quantized checkpoint (AWQ, GPTQ: `cfg.quantization`) holds each decoder linear as a `QuantizedLinear`
-(models/quantization.py) in place of the dense weight, fused the same way; it runs the reference dequantize
-path, never the GEMV. Embeddings, norms and lm_head stay dense.
+A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
+`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; it runs the reference
+dequantize path, never the GEMV. Embeddings, norms and lm_head stay dense.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import nn
 from governor.engine.attention import AttentionMetadata, PagedAttention
 from governor.engine.models.checkpoint import LazyTensor
 from governor.engine.models.model_config import ModelConfig, RopeConfig, UnsupportedModelError
-from governor.engine.models.quantization import PACKED_TENSORS, QuantizedLinear
+from governor.engine.models.quantization import FP8_TENSORS, PACKED_TENSORS, QuantizedLinear
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
 from governor.kernels.gemv import gemv, gemv_usable
@@ -326,11 +326,11 @@ class CausalLM(nn.Module):
                 continue  # a QuantizedLinear tracks its own tensors
             pending[name] = param.shape[0] if name.endswith(("qkv_weight", "qkv_bias", "gate_up_weight")) else 1
         layer_re = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp|input_layernorm|post_attention_layernorm)"
-                              r"(?:\.(\w+))?\.(weight|bias|qweight|qzeros|scales|g_idx)$")
+                              r"(?:\.(\w+))?\.(weight|bias|qweight|qzeros|scales|g_idx|weight_scale_inv)$")
         for hf_name, tensor in weights:
             m = layer_re.match(hf_name)
-            if m is not None and (m.group(4) in PACKED_TENSORS or (packed and m.group(4) == "weight"
-                                                                     and m.group(3) in _PACKED_PARTS)):
+            if m is not None and (m.group(4) in PACKED_TENSORS + FP8_TENSORS[1:]
+                                  or (packed and m.group(4) == "weight" and m.group(3) in _PACKED_PARTS)):
                 self._load_packed(hf_name, m, tensor)
                 continue
             target, rows, split_dim = self._target(hf_name, layer_re, fused_rows)
@@ -353,12 +353,13 @@ class CausalLM(nn.Module):
                              + (" ..." if len(missing) > 8 else ""))
 
     def _load_packed(self, hf_name: str, m: re.Match[str], tensor: LazyTensor) -> None:
-        """One packed tensor (qweight, qzeros, scales, g_idx) of a quantized linear, into its part's columns."""
+        """One packed tensor (qweight, qzeros, scales, g_idx; fp8: weight, weight_scale_inv) of a quantized linear, into
+        its part's columns (fp8: rows)."""
         quant = self.cfg.quantization
         if quant is None:
             raise ValueError(f"unexpected tensor {hf_name!r}: a quantized weight, but config.json has no "
                              "quantization_config")
-        if m.group(4) == "weight":
+        if m.group(4) == "weight" and quant.method != "fp8":
             raise ValueError(f"tensor {hf_name!r} is a dense weight, but config.json's quantization_config says "
                              f"{quant.method}: every decoder linear must be stored quantized")
         block, sub = m.group(2), m.group(3)

@@ -33,10 +33,12 @@ class WeightQuantization:
     """A pre-quantized checkpoint's weight format, from config.json's `quantization_config`
     (models/quantization.py reads the tensors). Only the decoder layers' linear weights are quantized."""
 
-    method: str  # "awq" (GEMM layout) or "gptq" (checkpoint format v1)
-    bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ)
-    group_size: int  # input features sharing one scale and zero; -1: one group over all of them
+    method: str  # "awq" (GEMM layout), "gptq" (checkpoint format v1) or "fp8" (block-scaled e4m3)
+    bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ, fp8)
+    group_size: int  # input features sharing one scale and zero; -1: one group over all of them (fp8: unused)
     desc_act: bool = False  # GPTQ act-order: g_idx assigns each input feature its group
+    # fp8: (output rows, input columns) of the weight blocks that share one scale (`weight_block_size`)
+    block_size: tuple[int, int] | None = None
     # GPTQ's `sym` needs no field: a symmetric checkpoint stores its (constant) zero points like any other.
 
 
@@ -88,8 +90,9 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     )
 
 
-SUPPORTED_QUANTIZATION = ("awq (bits 4, version 'gemm', zero_point true) and gptq (bits 4 or 8, "
-                          "checkpoint_format 'gptq', i.e. v1; desc_act and sym either way)")
+SUPPORTED_QUANTIZATION = ("awq (bits 4, version 'gemm', zero_point true), gptq (bits 4 or 8, "
+                          "checkpoint_format 'gptq', i.e. v1; desc_act and sym either way) and fp8 (block-scaled: "
+                          "weight_block_size [rows, columns], e4m3 weights with weight_scale_inv, dynamic activations)")
 
 
 def _unsupported_quantization(what: str) -> UnsupportedModelError:
@@ -130,6 +133,8 @@ def _quantization(raw: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
         if qc.get("lm_head"):
             raise _unsupported_quantization("gptq with a quantized lm_head")
         quant = WeightQuantization("gptq", bits, group_size, bool(qc.get("desc_act", False)))
+    elif method == "fp8":
+        return _fp8_quantization(qc, linear_shapes)
     else:
         raise _unsupported_quantization(f"quant_method {method or qc!r}")
     skipped = [m for m in qc.get("modules_to_not_convert") or [] if m != "lm_head"]
@@ -145,6 +150,34 @@ def _quantization(raw: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
             raise _unsupported_quantization(f"{bits}-bit packing of {name} ({out_f}x{in_f}: both must be "
                                             f"multiples of {pack})")
     return quant
+
+
+def _fp8_quantization(qc: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]) -> WeightQuantization:
+    """`quant_method: fp8` as Qwen3-FP8 and DeepSeek checkpoints ship it: each decoder linear's weight in e4m3 and a
+    float32 `weight_scale_inv` per `weight_block_size` block (ragged blocks at the input edge allowed), activations
+    quantized at run time ('dynamic')."""
+    block = qc.get("weight_block_size")
+    if block is None:
+        raise _unsupported_quantization("fp8 without weight_block_size (per-tensor or per-channel fp8 scales)")
+    if (not isinstance(block, list | tuple) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise _unsupported_quantization(f"fp8 weight_block_size={block!r} (two positive integers: rows, columns)")
+    scheme = str(qc.get("activation_scheme", "dynamic")).lower()
+    if scheme != "dynamic":
+        raise _unsupported_quantization(f"fp8 activation_scheme {scheme!r} (static activation scales)")
+    fmt = str(qc.get("fmt", "e4m3")).lower()
+    if fmt != "e4m3":
+        raise _unsupported_quantization(f"fp8 fmt {fmt!r}")
+    skipped = [m for m in (qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []) if m != "lm_head"]
+    if skipped:
+        raise _unsupported_quantization(f"fp8 with ignored_layers={skipped} (every decoder linear must be quantized)")
+    rows = int(block[0])
+    for name, (out_f, _) in linear_shapes.items():
+        if out_f % rows:
+            raise _unsupported_quantization(f"fp8 weight_block_size={list(block)} with {name}'s {out_f} output "
+                                            f"features, not a multiple of {rows} (fused projections stack their "
+                                            "scale rows)")
+    return WeightQuantization("fp8", 8, -1, block_size=(rows, int(block[1])))
 
 
 def _eos_ids(raw: dict[str, Any], model_dir: Path) -> tuple[int, ...]:

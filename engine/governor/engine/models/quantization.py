@@ -1,5 +1,5 @@
-"""Pre-quantized linear weights (AWQ, GPTQ): the packed tensors of one linear layer, their unpacking, and
-the reference matmul that dequantizes them.
+"""Pre-quantized linear weights (AWQ, GPTQ, block-scaled fp8): the packed tensors of one linear layer, their
+unpacking, and the reference matmul that dequantizes them.
 
 Both formats store, per linear of `in` input and `out` output features and `G = in / group_size` groups,
 integer codes q, a zero point z and a scale s per (group, output feature); the weight is
@@ -15,14 +15,20 @@ W[o, i] = (q[i, o] - z[g(i), o]) * s[g(i), o]. The tensors are kept exactly as t
                                (z = stored + 1); scales [G, out]; g(i) = g_idx[i] (act-order checkpoints
                                permute which features share a group).
 
-Every tensor has the output features along its last dimension, so fused projections (q|k|v, gate|up) are the
-parts' tensors concatenated along it: columns of qweight and qzeros by whole packed int32s (every part's
-output count is a multiple of the packing), g_idx shared (the parts read the same input, so the quantizer
-gave them the same one; the loader checks it).
+Block-scaled fp8 (Qwen3-FP8, DeepSeek) stores the weight itself in e4m3 and a float32 scale per block of
+(bn, bk) = `weight_block_size` entries: weight [out, in] float8_e4m3fn, weight_scale_inv [ceil(out/bn),
+ceil(in/bk)] float32, and W[o, i] = weight[o, i] * weight_scale_inv[o // bn, i // bk] (the last input block may be
+ragged). Fused projections stack their rows (every part's output count is a multiple of bn: the config checks it).
+
+Every AWQ and GPTQ tensor has the output features along its last dimension, so fused projections (q|k|v, gate|up)
+are the parts' tensors concatenated along it: columns of qweight and qzeros by whole packed int32s (every part's
+output count is a multiple of the packing), g_idx shared (the parts read the same input, so the quantizer gave
+them the same one; the loader checks it).
 
 `QuantizedLinear.forward` is the reference path: it dequantizes the whole weight to the activation dtype on
-every call and runs a dense matmul. It is correct on any device, and slow on a GPU (a full-size weight is
-rebuilt per call, and the fused bf16 GEMV is not used): quantized kernels are not built yet.
+every call and runs a dense matmul (for fp8, weight-only: activations stay in the model dtype). It is correct on any
+device, and slow on a GPU (a full-size weight is rebuilt per call, and the fused bf16 GEMV is not used): quantized
+kernels are not built yet.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from torch import nn
 from governor.engine.models.model_config import WeightQuantization
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
-PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
+PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
+FP8_TENSORS = ("weight", "weight_scale_inv")  # block-scaled fp8
+FP8_DTYPE = torch.float8_e4m3fn
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -68,6 +76,15 @@ class QuantizedLinear(nn.Module):
         self.method, self.bits = quant.method, quant.bits
         self.in_features, self.out_parts = in_features, out_parts
         self.out_features = out = sum(out_parts)
+        self._loaded: set[tuple[int, str]] = set()
+        if quant.method == "fp8":
+            assert quant.block_size is not None
+            self.block_size = bn, bk = quant.block_size
+            self.weight = nn.Parameter(torch.zeros(out, in_features, dtype=FP8_DTYPE, device=device),
+                                       requires_grad=False)
+            self.weight_scale_inv = nn.Parameter(torch.zeros(-(-out // bn), -(-in_features // bk),
+                                                             dtype=torch.float32, device=device), requires_grad=False)
+            return
         self.group_size = in_features if quant.group_size == -1 else quant.group_size
         groups = in_features // self.group_size
         self.pack = 32 // quant.bits
@@ -84,7 +101,24 @@ class QuantizedLinear(nn.Module):
         self.g_idx = tensor(in_features, dtype=torch.int32)
         self.g_idx.data.copy_(torch.arange(in_features, device=device) // self.group_size)
         self._g_idx_required = quant.method == "gptq" and quant.desc_act
-        self._loaded: set[tuple[int, str]] = set()
+
+    def _load_fp8(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
+        """One part's rows of `weight` (e4m3) or `weight_scale_inv` (float32)."""
+        if name not in FP8_TENSORS:
+            raise ValueError(f"unexpected tensor {source!r}: fp8 checkpoints hold {' and '.join(FP8_TENSORS)}")
+        start, width = sum(self.out_parts[:part]), self.out_parts[part]
+        want_dtype = FP8_DTYPE if name == "weight" else torch.float32
+        if tensor.dtype != want_dtype:
+            raise ValueError(f"tensor {source!r} is {tensor.dtype}; an fp8 checkpoint stores {name} as {want_dtype} "
+                             "(quantization_config says fp8)")
+        bn = self.block_size[0]
+        dest = self.weight.data[start:start + width] if name == "weight" else \
+            self.weight_scale_inv.data[start // bn:(start + width) // bn]
+        if tuple(tensor.shape) != tuple(dest.shape):
+            raise ValueError(f"tensor {source!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)} for "
+                             f"fp8 with weight_block_size {list(self.block_size)}, from config.json")
+        dest.copy_(tensor)
+        self._loaded.add((part, name))
 
     def _columns(self, part: int, name: str) -> tuple[int, int]:
         """The columns of tensor `name` that part `part` fills."""
@@ -94,7 +128,14 @@ class QuantizedLinear(nn.Module):
         return start // div, (start + width) // div
 
     def load(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
-        """Copy checkpoint tensor `name` (one of PACKED_TENSORS) of part `part` in; `source` names it in errors."""
+        """Copy checkpoint tensor `name` (one of PACKED_TENSORS, or FP8_TENSORS) of part `part` in; `source` names it
+        in errors."""
+        if self.method == "fp8":
+            self._load_fp8(part, name, tensor, source)
+            return
+        if name not in PACKED_TENSORS:
+            raise ValueError(f"unexpected tensor {source!r}: {self.method} checkpoints hold "
+                             f"{', '.join(PACKED_TENSORS)}")
         if name == "g_idx":
             if self.method != "gptq":
                 raise ValueError(f"unexpected tensor {source!r}: {self.method} checkpoints have no g_idx")
@@ -122,7 +163,10 @@ class QuantizedLinear(nn.Module):
 
     def missing(self) -> list[str]:
         """Tensors no checkpoint tensor has filled yet, as 'part k name'."""
-        names = ["qweight", "qzeros", "scales"] + (["g_idx"] if self._g_idx_required else [])
+        if self.method == "fp8":
+            names = list(FP8_TENSORS)
+        else:
+            names = ["qweight", "qzeros", "scales"] + (["g_idx"] if self._g_idx_required else [])
         return [f"part {k} {n}" for k in range(len(self.out_parts)) for n in names if (k, n) not in self._loaded]
 
     def codes_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +177,13 @@ class QuantizedLinear(nn.Module):
         return q, unpack_int32(self.qzeros, self.bits, dim=-1) + 1  # v1 stores zero - 1
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight [out, in]: (q - z) * s per input feature's group, computed in fp32, returned in `dtype`."""
+        """The weight [out, in], computed in fp32 and returned in `dtype`: (q - z) * s per input feature's group (AWQ,
+        GPTQ), or weight * weight_scale_inv per block (fp8)."""
+        if self.method == "fp8":
+            bn, bk = self.block_size
+            out, inp = self.weight.shape
+            scale = self.weight_scale_inv.repeat_interleave(bn, 0)[:out].repeat_interleave(bk, 1)[:, :inp]
+            return (self.weight.float() * scale).to(dtype)
         q, z = self.codes_and_zeros()
         g = self.g_idx.long()
         w = (q - z[g]).float() * self.scales.float()[g]  # [in, out]
