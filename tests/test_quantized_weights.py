@@ -288,6 +288,62 @@ def test_an_fp8_checkpoint_with_a_dense_weight_is_refused_naming_it(quantized, t
         LLM(str(tmp_path / "m"), dtype="float32")
 
 
+def quantize_fp8_rows(w: torch.Tensor) -> torch.Tensor:
+    """What fp8 quantized at load must give: e4m3 codes of each row over its largest magnitude / 448, dequantized."""
+    scale = (w.float().abs().amax(dim=1) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    return (w.float() / scale[:, None]).to(torch.float8_e4m3fn).float() * scale[:, None]
+
+
+@pytest.fixture(scope="module")
+def online_fp8(tmp_path_factory: pytest.TempPathFactory):
+    """`online_fp8(arch)` → (unquantized checkpoint, fp32 oracle of its decoder linears quantized per row), cached."""
+    cache: dict[str, tuple[Path, Path]] = {}
+
+    def get(arch: str) -> tuple[Path, Path]:
+        if arch not in cache:
+            root = tmp_path_factory.mktemp(f"{arch}-online-fp8")
+            src = build_hf_checkpoint(root / "src", arch)
+            tensors = load_file(src / "model.safetensors")
+            for name in list(tensors):
+                if any(f".{linear}.weight" in name for linear in LINEARS):
+                    tensors[name] = quantize_fp8_rows(tensors[name])
+            shutil.copytree(src, root / "oracle", ignore=shutil.ignore_patterns("*.safetensors"))
+            save_file(tensors, root / "oracle" / "model.safetensors", metadata={"format": "pt"})
+            cache[arch] = src, root / "oracle"
+        return cache[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_fp8_quantized_at_load_matches_transformers_on_the_same_quantization(online_fp8, hf_model, arch: str) -> None:
+    src, oracle = online_fp8(arch)
+    llm = LLM(str(src), dtype="float32", quantization="fp8")
+    qkv = llm.engine.model.decoder_layers[0].self_attn.qkv_weight
+    assert isinstance(qkv, QuantizedLinear) and qkv.weight.dtype == torch.float8_e4m3fn
+    assert qkv.weight_scale_inv.shape == (qkv.out_features, 1)  # one scale per output feature
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=8))
+
+
+def test_fp8_quantized_at_load_takes_random_weights_too(online_fp8) -> None:
+    src, _ = online_fp8("llama")
+    llm = LLM(str(src), dtype="float32", quantization="fp8", load_format="dummy")
+    down = llm.engine.model.decoder_layers[1].mlp.down_weight
+    assert isinstance(down, QuantizedLinear) and down.weight.float().abs().max() == E4M3_MAX  # each row's max → 448
+    assert len(llm.generate([[5, 6, 7]], greedy(4))[0].outputs[0].token_ids) == 4
+
+
+def test_a_quantization_the_checkpoint_does_not_have_is_refused(quantized, online_fp8) -> None:
+    awq, _ = quantized("llama", AWQ)
+    src, _ = online_fp8("llama")
+    with pytest.raises(UnsupportedModelError, match=r"quantization='fp8', but config\.json's quantization_config "
+                                                    r"says the checkpoint is awq"):
+        LLM(str(awq), dtype="float32", quantization="fp8")
+    with pytest.raises(UnsupportedModelError, match="only 'fp8' quantizes at load"):
+        LLM(str(src), dtype="float32", quantization="gptq")
+    assert LLM(str(awq), dtype="float32", quantization="awq").engine.model_config.quantization.method == "awq"
+
+
 def test_quantized_linears_are_packed_and_lm_head_stays_dense(quantized) -> None:
     packed, _ = quantized("llama", AWQ)
     model = LLM(str(packed), dtype="float32").engine.model

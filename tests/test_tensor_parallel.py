@@ -179,7 +179,7 @@ def test_engine_commands_take_the_tensor_parallel_and_load_format_flags(
         governor_main([*command, "--help"])
     assert exited.value.code == 0
     usage = capsys.readouterr().out
-    assert "--tensor-parallel-size" in usage and "--load-format" in usage
+    assert "--tensor-parallel-size" in usage and "--load-format" in usage and "--quantization" in usage
 
 
 def test_a_draft_model_runs_whole_on_rank_0_beside_the_split_target(hf_checkpoint) -> None:

@@ -11,6 +11,7 @@ Device = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
 LoadFormat = Literal["auto", "dummy"]
+Quantization = Literal["fp8", "awq", "gptq"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
 
@@ -98,6 +99,11 @@ class EngineConfig(BaseModel):
                                    "does not wait on the host between steps. Applies to steps whose every "
                                    "request is greedy without logprobs and without draft tokens; "
                                    "other steps run one at a time.")
+    quantization: Quantization | None = Field(default=None, description="Weight quantization. Unset: the "
+                                              "checkpoint's own (config.json's quantization_config, or none). "
+                                              "'fp8' on an unquantized checkpoint quantizes its decoder linears at "
+                                              "load (e4m3, one scale per output feature); naming the checkpoint's "
+                                              "own method checks it; any other combination is an error.")
     load_format: LoadFormat = Field(default="auto", description="'auto' reads the safetensors weights; 'dummy' "
                                     "draws random weights of the checkpoint's shapes from `seed` (config.json "
                                     "and tokenizer are still read), for benchmarks without the weights on disk.")

@@ -20,7 +20,7 @@ from governor.engine.executor import ModelExecutor, resolve_worker_spec
 from governor.engine.intake import InputProcessor, Prompt
 from governor.engine.kv.kv_manager import KVManager
 from governor.engine.models.checkpoint import model_digest, tokenizer_digest
-from governor.engine.models.model_config import load_model_config
+from governor.engine.models.model_config import load_model_config, with_quantization
 from governor.engine.outputs import RequestOutput, StepResult, TokenEvent
 from governor.engine.request_state import RequestState
 from governor.engine.sampler import greedy_tokens, sample
@@ -61,7 +61,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.model_config = mc = load_model_config(config.model)
+        self.model_config = mc = with_quantization(load_model_config(config.model), config.quantization)
         limit = mc.max_position_embeddings if mc.sliding_window is None else min(mc.max_position_embeddings,
                                                                                    mc.sliding_window)
         self.max_model_len = config.max_model_len or limit

@@ -104,7 +104,7 @@ class Worker:
         cfg = self.spec.config
         if cfg.load_format == "dummy":
             quant = self.spec.model_config.quantization
-            if quant is not None:
+            if quant is not None and not quant.online:
                 raise UnsupportedModelError(f"load_format 'dummy' draws dense random weights, but config.json "
                                             f"describes a pre-quantized ({quant.method}) checkpoint; load its "
                                             "weights (load_format 'auto'), or use an unquantized config.json")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,11 @@ class WeightQuantization:
     bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ, fp8)
     group_size: int  # input features sharing one scale and zero; -1: one group over all of them (fp8: unused)
     desc_act: bool = False  # GPTQ act-order: g_idx assigns each input feature its group
-    # fp8: (output rows, input columns) of the weight blocks that share one scale (`weight_block_size`)
+    # fp8: (output rows, input columns) of the weight blocks that share one scale (`weight_block_size`); None: one
+    # scale per output feature
     block_size: tuple[int, int] | None = None
+    # fp8 computed at load from the checkpoint's dense weights (`quantization='fp8'` on an unquantized checkpoint)
+    online: bool = False
     # GPTQ's `sym` needs no field: a symmetric checkpoint stores its (constant) zero points like any other.
 
 
@@ -178,6 +181,25 @@ def _fp8_quantization(qc: dict[str, Any], linear_shapes: dict[str, tuple[int, in
                                             f"features, not a multiple of {rows} (fused projections stack their "
                                             "scale rows)")
     return WeightQuantization("fp8", 8, -1, block_size=(rows, int(block[1])))
+
+
+ONLINE_FP8 = WeightQuantization("fp8", 8, -1, online=True)
+
+
+def with_quantization(cfg: ModelConfig, asked: str | None) -> ModelConfig:
+    """The model as the engine runs it under `asked` (EngineConfig.quantization): the checkpoint's own format when
+    `asked` is None or names it; fp8 computed at load, one scale per output feature, when `asked` is 'fp8' and the
+    checkpoint is unquantized. UnsupportedModelError for anything else."""
+    have = cfg.quantization
+    if asked is None or (have is not None and have.method == asked):
+        return cfg
+    if have is not None:
+        raise UnsupportedModelError(f"quantization={asked!r}, but config.json's quantization_config says the "
+                                    f"checkpoint is {have.method}: leave quantization unset to run it as stored")
+    if asked != "fp8":
+        raise UnsupportedModelError(f"quantization={asked!r} needs a checkpoint stored that way (config.json's "
+                                    "quantization_config); on an unquantized checkpoint only 'fp8' quantizes at load")
+    return replace(cfg, quantization=ONLINE_FP8)
 
 
 def _eos_ids(raw: dict[str, Any], model_dir: Path) -> tuple[int, ...]:

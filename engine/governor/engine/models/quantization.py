@@ -41,6 +41,7 @@ from governor.engine.models.model_config import WeightQuantization
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
 PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
 FP8_TENSORS = ("weight", "weight_scale_inv")  # block-scaled fp8
+E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
 
 
@@ -78,8 +79,9 @@ class QuantizedLinear(nn.Module):
         self.out_features = out = sum(out_parts)
         self._loaded: set[tuple[int, str]] = set()
         if quant.method == "fp8":
-            assert quant.block_size is not None
-            self.block_size = bn, bk = quant.block_size
+            self.online = quant.online
+            # Per output feature (online fp8) when there are no blocks: blocks of one row spanning every input.
+            self.block_size = bn, bk = quant.block_size or (1, in_features)
             self.weight = nn.Parameter(torch.zeros(out, in_features, dtype=FP8_DTYPE, device=device),
                                        requires_grad=False)
             self.weight_scale_inv = nn.Parameter(torch.zeros(-(-out // bn), -(-in_features // bk),
@@ -103,7 +105,11 @@ class QuantizedLinear(nn.Module):
         self._g_idx_required = quant.method == "gptq" and quant.desc_act
 
     def _load_fp8(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
-        """One part's rows of `weight` (e4m3) or `weight_scale_inv` (float32)."""
+        """One part's rows of `weight` (e4m3) or `weight_scale_inv` (float32); online, the part's dense weight,
+        quantized here."""
+        if self.online:
+            self._quantize_rows(part, tensor, source)
+            return
         if name not in FP8_TENSORS:
             raise ValueError(f"unexpected tensor {source!r}: fp8 checkpoints hold {' and '.join(FP8_TENSORS)}")
         start, width = sum(self.out_parts[:part]), self.out_parts[part]
@@ -119,6 +125,22 @@ class QuantizedLinear(nn.Module):
                              f"fp8 with weight_block_size {list(self.block_size)}, from config.json")
         dest.copy_(tensor)
         self._loaded.add((part, name))
+
+    def _quantize_rows(self, part: int, dense: torch.Tensor, source: str) -> None:
+        """Online fp8: one part's dense weight [rows, in] as e4m3 codes and one scale per row, the row's largest
+        magnitude over 448 (e4m3's largest), computed in fp32."""
+        start, width = sum(self.out_parts[:part]), self.out_parts[part]
+        if not dense.is_floating_point() or dense.dtype == FP8_DTYPE:
+            raise ValueError(f"tensor {source!r} is {dense.dtype}: quantization='fp8' quantizes a checkpoint's "
+                             "float16, bfloat16 or float32 weights at load")
+        if tuple(dense.shape) != (width, self.in_features):
+            raise ValueError(f"tensor {source!r} has shape {tuple(dense.shape)}, expected ({width}, "
+                             f"{self.in_features}) from config.json")
+        w = dense.to(self.weight.device, torch.float32)
+        scale = (w.abs().amax(dim=1) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        self.weight.data[start:start + width] = (w / scale[:, None]).to(FP8_DTYPE)
+        self.weight_scale_inv.data[start:start + width, 0] = scale
+        self._loaded.update({(part, "weight"), (part, "weight_scale_inv")})
 
     def _columns(self, part: int, name: str) -> tuple[int, int]:
         """The columns of tensor `name` that part `part` fills."""
