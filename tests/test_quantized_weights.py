@@ -40,9 +40,22 @@ class Scheme:
     group_size: int  # -1: one group
     desc_act: bool = False
     sym: bool = False
-    block: tuple[int, int] | None = None  # fp8: weight_block_size
+    block: tuple[int, int] | None = None  # fp8: weight_block_size; compressed-tensors' block strategy
+    strategy: str = ""  # compressed-tensors: channel, tensor or block
+    dynamic_activations: bool = True  # compressed-tensors: W8A8 with dynamic per-token scales, or weight-only
+    scale_dtype: torch.dtype = torch.float32  # compressed-tensors' weight_scale
 
     def config(self) -> dict[str, Any]:
+        if self.method == "compressed-tensors":
+            weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": self.strategy,
+                       "group_size": None, "block_structure": list(self.block) if self.block else None,
+                       "observer": "minmax", "actorder": None}
+            acts = ({"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
+                    if self.dynamic_activations else None)
+            return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status":
+                    "compressed", "ignore": ["lm_head"], "kv_cache_scheme": None, "config_groups": {
+                        "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts,
+                                    "output_activations": None}}}
         if self.method == "fp8":
             assert self.block is not None
             return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
@@ -151,6 +164,15 @@ FP8_CASES = {
     "llama3-rope-mqa-16x16": ("llama3-rope-mqa", Scheme("fp8", 8, -1, block=(16, 16))),
 }
 E4M3_MAX = 448.0
+# compressed-tensors float-quantized, as the "-FP8" checkpoints ship: per channel (bf16 scales, W8A8 dynamic), per
+# tensor (weight-only) and per block.
+CT_CASES = {
+    "channel-w8a8-bf16-scales": ("llama", Scheme("compressed-tensors", 8, -1, strategy="channel",
+                                                 scale_dtype=torch.bfloat16)),
+    "tensor-weight-only": ("qwen3", Scheme("compressed-tensors", 8, -1, strategy="tensor",
+                                           dynamic_activations=False)),
+    "block-16x48": ("qwen2", Scheme("compressed-tensors", 8, -1, strategy="block", block=(16, 48))),
+}
 
 
 def fp8_blocks(shape: tuple[int, int], block: tuple[int, int]) -> list[tuple[int, int, slice, slice]]:
@@ -184,6 +206,16 @@ def pack_linear(w: torch.Tensor, scheme: Scheme, perm: torch.Tensor) -> tuple[di
         assert scheme.block is not None
         q, scale = quantize_fp8(w, scheme.block)
         return {"weight": q, "weight_scale_inv": scale}, dequantize_fp8(q, scale, scheme.block)
+    if scheme.method == "compressed-tensors":
+        block = scheme.block or {"channel": (1, w.shape[1]), "tensor": tuple(w.shape)}[scheme.strategy]
+        q, scale = quantize_fp8(w, block)
+        if scheme.scale_dtype != torch.float32:  # the scale as stored: requantize the codes to it
+            scale = scale.to(scheme.scale_dtype)
+            q = torch.zeros_like(q)
+            for r, c, rows, cols in fp8_blocks(tuple(w.shape), block):
+                q[rows, cols] = (w[rows, cols] / scale[r, c].float()).to(torch.float8_e4m3fn)
+        stored = scale.reshape(1) if scheme.strategy == "tensor" else scale
+        return {"weight": q, "weight_scale": stored}, dequantize_fp8(q, scale.float(), block)
     g_idx = group_index(w.shape[1], scheme, perm)
     q, z, s = quantize(w, scheme, g_idx)
     if scheme.method == "awq":
@@ -264,6 +296,27 @@ def test_fp8_block_scaled_checkpoint_matches_transformers_on_its_dequantized_wei
     packed, oracle = quantized(arch, scheme)
     llm = LLM(str(packed), dtype="float32")
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=7))
+
+
+@pytest.mark.parametrize("case", CT_CASES)
+def test_compressed_tensors_fp8_checkpoint_matches_transformers_on_its_dequantized_weights(quantized, hf_model,
+                                                                                         case: str) -> None:
+    arch, scheme = CT_CASES[case]
+    packed, oracle = quantized(arch, scheme)
+    llm = LLM(str(packed), dtype="float32")
+    quant = llm.engine.model_config.quantization
+    assert quant is not None and quant.method == "compressed-tensors"
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(4, seed=9))
+
+
+def test_a_per_tensor_scale_is_held_on_each_row_of_its_projection(quantized) -> None:
+    packed, _ = quantized(*CT_CASES["tensor-weight-only"])
+    stored = load_file(packed / "model.safetensors")
+    qkv = LLM(str(packed), dtype="float32").engine.model.decoder_layers[0].self_attn.qkv_weight
+    assert isinstance(qkv, QuantizedLinear)
+    rows = qkv.weight_scale_inv[:, 0]
+    for name, (start, end) in {"q_proj": (0, 128), "k_proj": (128, 192), "v_proj": (192, 256)}.items():
+        assert (rows[start:end] == stored[f"model.layers.0.self_attn.{name}.weight_scale"]).all()
 
 
 def test_fp8_linears_hold_e4m3_weights_and_a_scale_per_block(quantized) -> None:
@@ -384,11 +437,11 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order", "qwen3-32x64"])
+@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order", "qwen3-32x64", "channel-w8a8-bf16-scales"])
 def test_gpu_quantized_layers_under_cuda_graphs_match_transformers(quantized, hf_model, case: str) -> None:
     """On the GPU (Triton backend, decode steps replayed from CUDA graphs, fp32), the reference path gives the tokens
     transformers gives on the dequantized weights (CPU, fp32)."""
-    arch, scheme = ("llama", AWQ) if case == "awq" else {**GPTQ_CASES, **FP8_CASES}[case]
+    arch, scheme = ("llama", AWQ) if case == "awq" else {**GPTQ_CASES, **FP8_CASES, **CT_CASES}[case]
     packed, oracle = quantized(arch, scheme)
     llm = LLM(str(packed), dtype="float32", device="cuda")
     assert llm.engine.executor.use_cuda_graphs
@@ -410,6 +463,24 @@ REJECTED = {
     "fp8 malformed block": ({"quant_method": "fp8", "weight_block_size": [128]}, "weight_block_size=[128]"),
     "fp8 block rows not dividing": ({"quant_method": "fp8", "weight_block_size": [24, 16]},
                                     "not a multiple of 24"),
+    "compressed-tensors int4": (
+        {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                               "group_size": 128}}}}, "compressed-tensors format 'pack-quantized'"),
+    "compressed-tensors static activations": (
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}}}},
+        "input activations other than dynamic"),
+    "compressed-tensors two groups": (
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+            f"group_{i}": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}
+            for i in range(2)}}, "2 config groups"),
+    "compressed-tensors ignoring a projection": (
+        {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head", "re:.*down_proj"],
+         "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+                                                                          "strategy": "channel"}}}},
+        "ignoring ['re:.*down_proj']"),
     "awq other bits": ({"quant_method": "awq", "bits": 8, "group_size": 64, "version": "gemm", "zero_point": True},
                        "awq with bits=8"),
     "awq gemv layout": ({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv", "zero_point": True},

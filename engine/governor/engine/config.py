@@ -11,7 +11,7 @@ Device = Literal["auto", "cpu", "cuda"]
 AttentionBackend = Literal["auto", "torch", "triton"]
 KVCacheDType = Literal["auto", "fp8", "fp8_e4m3"]
 LoadFormat = Literal["auto", "dummy"]
-Quantization = Literal["fp8", "awq", "gptq"]
+Quantization = Literal["fp8", "awq", "gptq", "compressed-tensors"]
 
 DEFAULT_CPU_KV_CACHE_BYTES = 256 * 2**20
 

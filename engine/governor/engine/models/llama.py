@@ -29,7 +29,7 @@ from torch import nn
 from governor.engine.attention import AttentionMetadata, PagedAttention
 from governor.engine.models.checkpoint import LazyTensor
 from governor.engine.models.model_config import ModelConfig, RopeConfig, UnsupportedModelError
-from governor.engine.models.quantization import FP8_TENSORS, PACKED_TENSORS, QuantizedLinear
+from governor.engine.models.quantization import FP8_METHODS, PACKED_TENSORS, QuantizedLinear
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
 from governor.kernels.gemv import gemv, gemv_usable
@@ -326,10 +326,10 @@ class CausalLM(nn.Module):
                 continue  # a QuantizedLinear tracks its own tensors
             pending[name] = param.shape[0] if name.endswith(("qkv_weight", "qkv_bias", "gate_up_weight")) else 1
         layer_re = re.compile(r"model\.layers\.(\d+)\.(self_attn|mlp|input_layernorm|post_attention_layernorm)"
-                              r"(?:\.(\w+))?\.(weight|bias|qweight|qzeros|scales|g_idx|weight_scale_inv)$")
+                              r"(?:\.(\w+))?\.(weight|bias|qweight|qzeros|scales|g_idx|weight_scale_inv|weight_scale)$")
         for hf_name, tensor in weights:
             m = layer_re.match(hf_name)
-            if m is not None and (m.group(4) in PACKED_TENSORS + FP8_TENSORS[1:]
+            if m is not None and (m.group(4) in (*PACKED_TENSORS, "weight_scale_inv", "weight_scale")
                                   or (packed and m.group(4) == "weight" and m.group(3) in _PACKED_PARTS)):
                 self._load_packed(hf_name, m, tensor)
                 continue
@@ -359,7 +359,7 @@ class CausalLM(nn.Module):
         if quant is None:
             raise ValueError(f"unexpected tensor {hf_name!r}: a quantized weight, but config.json has no "
                              "quantization_config")
-        if m.group(4) == "weight" and quant.method != "fp8":
+        if m.group(4) == "weight" and quant.method not in FP8_METHODS:
             raise ValueError(f"tensor {hf_name!r} is a dense weight, but config.json's quantization_config says "
                              f"{quant.method}: every decoder linear must be stored quantized")
         block, sub = m.group(2), m.group(3)

@@ -33,7 +33,9 @@ class WeightQuantization:
     """A pre-quantized checkpoint's weight format, from config.json's `quantization_config`
     (models/quantization.py reads the tensors). Only the decoder layers' linear weights are quantized."""
 
-    method: str  # "awq" (GEMM layout), "gptq" (checkpoint format v1) or "fp8" (block-scaled e4m3)
+    # "awq" (GEMM layout), "gptq" (checkpoint format v1), "fp8" (block-scaled e4m3) or "compressed-tensors" (e4m3,
+    # float-quantized: per channel, per tensor or per block)
+    method: str
     bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ, fp8)
     group_size: int  # input features sharing one scale and zero; -1: one group over all of them (fp8: unused)
     desc_act: bool = False  # GPTQ act-order: g_idx assigns each input feature its group
@@ -42,6 +44,8 @@ class WeightQuantization:
     block_size: tuple[int, int] | None = None
     # fp8 computed at load from the checkpoint's dense weights (`quantization='fp8'` on an unquantized checkpoint)
     online: bool = False
+    # compressed-tensors: one scale per projection (q, k and v each have theirs), not per output feature
+    per_tensor: bool = False
     # GPTQ's `sym` needs no field: a symmetric checkpoint stores its (constant) zero points like any other.
 
 
@@ -94,8 +98,10 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
 
 
 SUPPORTED_QUANTIZATION = ("awq (bits 4, version 'gemm', zero_point true), gptq (bits 4 or 8, "
-                          "checkpoint_format 'gptq', i.e. v1; desc_act and sym either way) and fp8 (block-scaled: "
-                          "weight_block_size [rows, columns], e4m3 weights with weight_scale_inv, dynamic activations)")
+                          "checkpoint_format 'gptq', i.e. v1; desc_act and sym either way), fp8 (block-scaled: "
+                          "weight_block_size [rows, columns], e4m3 weights with weight_scale_inv, dynamic activations) "
+                          "and compressed-tensors (format 'float-quantized': 8-bit float weights, symmetric, per "
+                          "channel, tensor or block; activations dynamic or not quantized; one config group)")
 
 
 def _unsupported_quantization(what: str) -> UnsupportedModelError:
@@ -138,6 +144,8 @@ def _quantization(raw: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
         quant = WeightQuantization("gptq", bits, group_size, bool(qc.get("desc_act", False)))
     elif method == "fp8":
         return _fp8_quantization(qc, linear_shapes)
+    elif method == "compressed-tensors":
+        return _compressed_tensors_quantization(qc, linear_shapes)
     else:
         raise _unsupported_quantization(f"quant_method {method or qc!r}")
     skipped = [m for m in qc.get("modules_to_not_convert") or [] if m != "lm_head"]
@@ -181,6 +189,58 @@ def _fp8_quantization(qc: dict[str, Any], linear_shapes: dict[str, tuple[int, in
                                             f"features, not a multiple of {rows} (fused projections stack their "
                                             "scale rows)")
     return WeightQuantization("fp8", 8, -1, block_size=(rows, int(block[1])))
+
+
+def _compressed_tensors_quantization(qc: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
+                                     ) -> WeightQuantization:
+    """A compressed-tensors checkpoint ('float-quantized': the widely used "-FP8" checkpoints), read through the
+    compressed-tensors package's own config types: e4m3 weights with a `weight_scale` per output feature ('channel'),
+    per projection ('tensor') or per block ('block'), activations quantized at run time or not at all."""
+    from compressed_tensors.quantization import QuantizationConfig  # imports transformers: only when needed
+
+    try:
+        config = QuantizationConfig.model_validate(qc)
+    except ValueError as e:
+        raise _unsupported_quantization(f"compressed-tensors config that does not parse "
+                                        f"({str(e).splitlines()[0]})") from None
+    fmt = str(config.format)
+    if fmt != "float-quantized":
+        raise _unsupported_quantization(f"compressed-tensors format {fmt!r}")
+    groups = list(config.config_groups.values())
+    if len(groups) != 1:
+        raise _unsupported_quantization(f"compressed-tensors with {len(groups)} config groups (one for every linear)")
+    scheme = groups[0]
+    if list(scheme.targets) != ["Linear"]:
+        raise _unsupported_quantization(f"compressed-tensors targets {list(scheme.targets)} (['Linear'])")
+    skipped = [m for m in config.ignore or [] if m not in ("lm_head", "re:.*lm_head")]
+    if skipped:
+        raise _unsupported_quantization(f"compressed-tensors ignoring {skipped} (every decoder linear must be "
+                                        "quantized)")
+    w = scheme.weights
+    if w is None or w.num_bits != 8 or str(w.type) != "float" or not w.symmetric or w.dynamic:
+        raise _unsupported_quantization("compressed-tensors weights other than static symmetric 8-bit float"
+                                        + ("" if w is None else f" ({w.num_bits}-bit {w.type}, symmetric "
+                                                                f"{w.symmetric}, dynamic {w.dynamic})"))
+    strategy = str(w.strategy)
+    if strategy not in ("channel", "tensor", "block"):
+        raise _unsupported_quantization(f"compressed-tensors weight strategy {strategy!r} (channel, tensor, block)")
+    act = scheme.input_activations
+    if act is not None and not (act.dynamic is True and act.num_bits == 8 and str(act.type) == "float"):
+        raise _unsupported_quantization("compressed-tensors input activations other than dynamic 8-bit float "
+                                        f"(static scales: dynamic {act.dynamic})")
+    if scheme.output_activations is not None:
+        raise _unsupported_quantization("compressed-tensors output activation quantization")
+    block = None
+    if strategy == "block":
+        bs = w.block_structure
+        if not (isinstance(bs, list | tuple) and len(bs) == 2):
+            raise _unsupported_quantization(f"compressed-tensors block strategy with block_structure {bs!r}")
+        block = (int(bs[0]), int(bs[1]))
+        for name, (out_f, _) in linear_shapes.items():
+            if out_f % block[0]:
+                raise _unsupported_quantization(f"compressed-tensors block_structure {list(bs)} with {name}'s "
+                                                f"{out_f} output features, not a multiple of {block[0]}")
+    return WeightQuantization("compressed-tensors", 8, -1, block_size=block, per_tensor=strategy == "tensor")
 
 
 ONLINE_FP8 = WeightQuantization("fp8", 8, -1, online=True)

@@ -20,6 +20,10 @@ Block-scaled fp8 (Qwen3-FP8, DeepSeek) stores the weight itself in e4m3 and a fl
 ceil(in/bk)] float32, and W[o, i] = weight[o, i] * weight_scale_inv[o // bn, i // bk] (the last input block may be
 ragged). Fused projections stack their rows (every part's output count is a multiple of bn: the config checks it).
 
+compressed-tensors' float-quantized checkpoints store the same e4m3 weight with a `weight_scale` (any float dtype):
+[out, 1] per output feature ('channel'), one value per projection ('tensor': q, k and v each have theirs, held
+here as that value on each of the projection's rows), or per block like fp8's ('block').
+
 Every AWQ and GPTQ tensor has the output features along its last dimension, so fused projections (q|k|v, gate|up)
 are the parts' tensors concatenated along it: columns of qweight and qzeros by whole packed int32s (every part's
 output count is a multiple of the packing), g_idx shared (the parts read the same input, so the quantizer gave
@@ -41,6 +45,8 @@ from governor.engine.models.model_config import WeightQuantization
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
 PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
 FP8_TENSORS = ("weight", "weight_scale_inv")  # block-scaled fp8
+CT_TENSORS = ("weight", "weight_scale")  # compressed-tensors float-quantized: the same e4m3 codes times the scale
+FP8_METHODS = ("fp8", "compressed-tensors")
 E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
 
@@ -78,8 +84,9 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_parts = in_features, out_parts
         self.out_features = out = sum(out_parts)
         self._loaded: set[tuple[int, str]] = set()
-        if quant.method == "fp8":
-            self.online = quant.online
+        if quant.method in FP8_METHODS:
+            self.online, self.per_tensor = quant.online, quant.per_tensor
+            self.tensor_names = CT_TENSORS if quant.method == "compressed-tensors" else FP8_TENSORS
             # Per output feature (online fp8) when there are no blocks: blocks of one row spanning every input.
             self.block_size = bn, bk = quant.block_size or (1, in_features)
             self.weight = nn.Parameter(torch.zeros(out, in_features, dtype=FP8_DTYPE, device=device),
@@ -105,21 +112,33 @@ class QuantizedLinear(nn.Module):
         self._g_idx_required = quant.method == "gptq" and quant.desc_act
 
     def _load_fp8(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
-        """One part's rows of `weight` (e4m3) or `weight_scale_inv` (float32); online, the part's dense weight,
-        quantized here."""
+        """One part's rows of `weight` (e4m3) or of its scale (`weight_scale_inv`, float32; compressed-tensors'
+        `weight_scale`, any float dtype); online, the part's dense weight, quantized here."""
         if self.online:
             self._quantize_rows(part, tensor, source)
             return
-        if name not in FP8_TENSORS:
-            raise ValueError(f"unexpected tensor {source!r}: fp8 checkpoints hold {' and '.join(FP8_TENSORS)}")
+        if name not in self.tensor_names:
+            raise ValueError(f"unexpected tensor {source!r}: {self.method} checkpoints hold "
+                             f"{' and '.join(self.tensor_names)}")
         start, width = sum(self.out_parts[:part]), self.out_parts[part]
-        want_dtype = FP8_DTYPE if name == "weight" else torch.float32
-        if tensor.dtype != want_dtype:
-            raise ValueError(f"tensor {source!r} is {tensor.dtype}; an fp8 checkpoint stores {name} as {want_dtype} "
-                             "(quantization_config says fp8)")
+        if name == "weight" and tensor.dtype != FP8_DTYPE:
+            raise ValueError(f"tensor {source!r} is {tensor.dtype}; an fp8 checkpoint stores weight as {FP8_DTYPE} "
+                             f"(quantization_config says {self.method})")
+        if name == "weight_scale_inv" and tensor.dtype != torch.float32:
+            raise ValueError(f"tensor {source!r} is {tensor.dtype}; an fp8 checkpoint stores weight_scale_inv as "
+                             f"{torch.float32} (quantization_config says fp8)")
+        if name == "weight_scale" and (not tensor.is_floating_point() or tensor.dtype == FP8_DTYPE):
+            raise ValueError(f"tensor {source!r} is {tensor.dtype}; a weight scale is a float16, bfloat16 or float32")
         bn = self.block_size[0]
         dest = self.weight.data[start:start + width] if name == "weight" else \
             self.weight_scale_inv.data[start // bn:(start + width) // bn]
+        if self.per_tensor and name == "weight_scale":
+            if tensor.numel() != 1:
+                raise ValueError(f"tensor {source!r} has shape {tuple(tensor.shape)}; a per-tensor weight_scale "
+                                 "holds one value")
+            dest.fill_(float(tensor.reshape(())))
+            self._loaded.add((part, name))
+            return
         if tuple(tensor.shape) != tuple(dest.shape):
             raise ValueError(f"tensor {source!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)} for "
                              f"fp8 with weight_block_size {list(self.block_size)}, from config.json")
@@ -152,7 +171,7 @@ class QuantizedLinear(nn.Module):
     def load(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
         """Copy checkpoint tensor `name` (one of PACKED_TENSORS, or FP8_TENSORS) of part `part` in; `source` names it
         in errors."""
-        if self.method == "fp8":
+        if self.method in FP8_METHODS:
             self._load_fp8(part, name, tensor, source)
             return
         if name not in PACKED_TENSORS:
@@ -185,8 +204,8 @@ class QuantizedLinear(nn.Module):
 
     def missing(self) -> list[str]:
         """Tensors no checkpoint tensor has filled yet, as 'part k name'."""
-        if self.method == "fp8":
-            names = list(FP8_TENSORS)
+        if self.method in FP8_METHODS:
+            names = list(self.tensor_names)
         else:
             names = ["qweight", "qzeros", "scales"] + (["g_idx"] if self._g_idx_required else [])
         return [f"part {k} {n}" for k in range(len(self.out_parts)) for n in names if (k, n) not in self._loaded]
@@ -201,7 +220,7 @@ class QuantizedLinear(nn.Module):
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out, in], computed in fp32 and returned in `dtype`: (q - z) * s per input feature's group (AWQ,
         GPTQ), or weight * weight_scale_inv per block (fp8)."""
-        if self.method == "fp8":
+        if self.method in FP8_METHODS:
             bn, bk = self.block_size
             out, inp = self.weight.shape
             scale = self.weight_scale_inv.repeat_interleave(bn, 0)[:out].repeat_interleave(bk, 1)[:, :inp]
