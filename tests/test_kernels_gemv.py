@@ -13,7 +13,7 @@ import torch
 from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
-from governor.kernels.gemv import block_k_for, gemv, gemv_ref, gemv_usable
+from governor.kernels.gemv import block_k_for, fp8_gemv, fp8_gemv_ref, gemv, gemv_ref, gemv_usable
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from tests.conftest import DEVICE, TINY, needs_triton, seeded_randn
 from tests.test_engine_parity import hf_greedy, mixed_prompts
@@ -146,3 +146,70 @@ def test_gpu_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n:
     x = seeded_randn(1, 2 * k if silu_mul else k, dtype=torch.bfloat16, seed=6)
     w = seeded_randn(n, k, dtype=torch.bfloat16, seed=7, scale=0.02)
     _assert_sum_order_close(gemv(x, w, silu_mul=silu_mul), x, w, None, silu_mul)
+
+
+# --- fp8 weights ---------------------------------------------------------------------------------------------------
+
+
+def _fp8_weight(n: int, k: int, block: tuple[int, int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An e4m3 weight with float32 scales per block, from the test's own per-block quantization."""
+    w = seeded_randn(n, k, dtype=torch.float32, seed=seed, scale=0.1)
+    bn, bk = block
+    scale = torch.zeros(-(-n // bn), -(-k // bk))
+    codes = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    for r in range(scale.shape[0]):
+        for c in range(scale.shape[1]):
+            tile = w[r * bn:(r + 1) * bn, c * bk:(c + 1) * bk]
+            scale[r, c] = tile.abs().max() / 448.0
+            codes[r * bn:(r + 1) * bn, c * bk:(c + 1) * bk] = (tile / scale[r, c]).to(torch.float8_e4m3fn)
+    return codes.to(DEVICE), scale.to(DEVICE)
+
+
+def _dequantized(codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype: torch.dtype
+                 ) -> torch.Tensor:
+    """W = codes * their block's scale, in fp32, rounded to `dtype` (the test's own loop over blocks)."""
+    bn, bk = block
+    w = torch.zeros(codes.shape, device=codes.device)
+    for r in range(scale.shape[0]):
+        for c in range(scale.shape[1]):
+            w[r * bn:(r + 1) * bn, c * bk:(c + 1) * bk] = codes[r * bn:(r + 1) * bn, c * bk:(c + 1) * bk].float() \
+                * scale[r, c]
+    return w.to(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k,block", [(64, 128, (1, 128)), (48, 200, (16, 48)), (36, 64, (36, 64))],
+                         ids=["per-row", "ragged-blocks", "one-block"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_fp8_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, n: int, k: int,
+                                                                     block: tuple[int, int], with_bias: bool) -> None:
+    codes, scale = _fp8_weight(n, k, block, seed=10)
+    x = seeded_randn(1, k, dtype=dtype, seed=11)
+    bias = seeded_randn(n, dtype=dtype, seed=12) if with_bias else None
+    got = fp8_gemv(x, codes, scale, block, bias, policy=_tiles(4, 64, 4))  # several K steps, a ragged last one
+    _assert_sum_order_close(got, x, _dequantized(codes, scale, block, dtype), bias, False)
+    ref = fp8_gemv_ref(x, codes, scale, block, bias)
+    _assert_sum_order_close(ref, x, _dequantized(codes, scale, block, dtype), bias, False)
+
+
+@needs_triton
+def test_fp8_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
+    codes, scale = _fp8_weight(16, 32, (16, 16), seed=13)
+    x = seeded_randn(1, 32, dtype=torch.float32, seed=14)
+    with pytest.raises(ValueError, match=r"scale must be float32 \[1, 2\]"):
+        fp8_gemv(x, codes, scale[:, :1].contiguous(), (16, 16))
+    with pytest.raises(ValueError, match="contiguous float8_e4m3fn"):
+        fp8_gemv(x, codes.float(), scale, (16, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k,block", [(6144, 4096, (128, 128)), (4096, 14336, (1, 14336)), (1024, 3072, (128, 128))],
+                         ids=["qkv-block", "down-per-row", "qwen3-0.6b-down-block"])
+def test_gpu_fp8_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n: int, k: int,
+                                                                                block: tuple[int, int]) -> None:
+    codes, scale = _fp8_weight(n, k, block, seed=15)
+    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=16)
+    _assert_sum_order_close(fp8_gemv(x, codes, scale, block), x, _dequantized(codes, scale, block, torch.bfloat16),
+                            None, False)

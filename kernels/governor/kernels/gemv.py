@@ -124,3 +124,98 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, sil
         EVEN_K=k % block_k == 0, PDL=pdl, num_warps=config.num_warps, **pdl_launch(pdl),
     )  # fmt: skip
     return out
+
+
+# --- fp8 weights ------------------------------------------------------------------------------------------------
+# A pre-quantized (or load-quantized) fp8 linear: w [N, K] in e4m3 and a float32 scale per (bn, bk) block of it,
+# scale [ceil(N / bn), ceil(K / bk)] (one row per output feature: (1, K); one per block: fp8 checkpoints' 128 x 128).
+# The weight is W = w * scale, rounded to the activation dtype (as models/quantization.py's reference path builds
+# it); `fp8_gemv` computes x @ W.T for one row without building W, reading the weight's bytes once.
+
+
+def fp8_gemv_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What `fp8_gemv` computes, in PyTorch: F.linear(x, (w * scale per block) in x's dtype, bias)."""
+    bn, bk = block
+    n, k = w.shape
+    s = scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return F.linear(x, (w.float() * s).to(x.dtype), bias)
+
+
+def fp8_gemv_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `fp8_gemv` takes this product: one contiguous row of x, Triton available, a contiguous e4m3 weight."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and triton_usable(x) and w.dim() == 2
+            and w.dtype == torch.float8_e4m3fn and w.is_contiguous())
+
+
+@triton.jit
+def _scaled_w_tile(w_rows, s_rows, ks, n_mask, K: tl.constexpr, BK_SCALE: tl.constexpr, EVEN: tl.constexpr,
+                   dtype: tl.constexpr):
+    # The weight's [BLOCK_N, BLOCK_K] tile at columns ks times each entry's block scale, rounded to the activation
+    # dtype as the reference's dequantized weight is, in fp32.
+    if EVEN:
+        w = tl.load(w_rows + ks[None, :]).to(tl.float32)
+        s = tl.load(s_rows + (ks // BK_SCALE)[None, :])
+    else:
+        mask = n_mask[:, None] & (ks < K)[None, :]
+        w = tl.load(w_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_rows + (ks // BK_SCALE)[None, :], mask=mask, other=0.0)
+    return round_to(w * s, dtype)
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, n, stride_s, K: tl.constexpr, BN_SCALE: tl.constexpr,
+                     BK_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    # `_gemv_kernel` with the weight in e4m3 and a scale per block: same program shape, same PDL prologue.
+    dtype = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < n
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
+    s_rows = s_ptr + (cols // BN_SCALE).to(tl.int64)[:, None] * stride_s
+    kk = tl.arange(0, BLOCK_K)
+    even = EVEN_N and EVEN_K
+    if PDL:
+        gdc_launch_dependents()
+    w = _scaled_w_tile(w_rows, s_rows, kk, n_mask, K, BK_SCALE, even, dtype)
+    if PDL:
+        gdc_wait()
+    acc = w * _x_tile(x_ptr, kk, K, False, dtype)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ks = k0 + kk
+        acc += _scaled_w_tile(w_rows, s_rows, ks, n_mask, K, BK_SCALE, even, dtype) * \
+            _x_tile(x_ptr, ks, K, False, dtype)[None, :]
+    out = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
+
+
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+             bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
+    """`fp8_gemv_ref` in one Triton kernel for x [1, K], an e4m3 w [N, K] and its float32 block scales; returns
+    [1, N] in x's dtype. The launch takes the policy's `gemv` tile and warps (None: the device's)."""
+    if not fp8_gemv_usable(x, w):
+        raise ValueError(f"fp8_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous float8_e4m3fn "
+                         f"w [N, K]; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
+    n, k = w.shape
+    bn, bk = block
+    if x.shape[1] != k:
+        raise ValueError(f"fp8_gemv: x has {x.shape[1]} columns; w [N, {k}] needs {k}")
+    if tuple(scale.shape) != (-(-n // bn), -(-k // bk)) or scale.dtype != torch.float32 or scale.stride(1) != 1:
+        raise ValueError(f"fp8_gemv: scale must be float32 [{-(-n // bn)}, {-(-k // bk)}] (blocks of {bn} x {bk}) "
+                         f"with contiguous rows, got {tuple(scale.shape)} {scale.dtype}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"fp8_gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    if policy is None:
+        policy = policy_for(x.device)
+    config = policy.gemv
+    block_k = block_k_for(config.block_k, k)
+    pdl = chain_pdl(policy, x.device)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
+        x, w, scale, out if bias is None else bias, out, n, scale.stride(0), K=k, BN_SCALE=bn, BK_SCALE=bk,
+        BLOCK_N=config.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, EVEN_N=n % config.block_n == 0,
+        EVEN_K=k % block_k == 0, PDL=pdl, num_warps=config.num_warps, **pdl_launch(pdl),
+    )  # fmt: skip
+    return out

@@ -12,8 +12,9 @@ padding). A token's embedding comes from the rank that holds its row (the others
 all-reduce pattern), and each rank's logits cover its rows; they are gathered for the rows that sample only.
 
 A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
-`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; it runs the reference
-dequantize path, never the GEMV. Embeddings, norms and lm_head stay dense.
+`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; an fp8 one streams its
+e4m3 bytes through `fp8_gemv` on one-row fused steps, every other case runs the reference dequantize path.
+Embeddings, norms and lm_head stay dense.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def _weight(cfg: ModelConfig, out_parts: tuple[int, ...], in_features: int, dtyp
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None,
            kernels: LaunchPolicy | None) -> torch.Tensor:
     """F.linear(x, w, bias); on the fused path (`kernels`: its launch policy) a one-token step streams w through
-    `gemv` instead. A quantized `w` always takes its reference dequantize path."""
+    `gemv` instead. A quantized `w` runs its own forward: fp8's one-row GEMV on the fused path, else the reference
+    dequantize path."""
     if isinstance(w, QuantizedLinear):
-        return w(x, bias)
+        return w(x, bias, kernels)
     if kernels is not None and gemv_usable(x, w):
         return gemv(x, w, bias, policy=kernels)
     return F.linear(x, w, bias)
@@ -192,7 +194,7 @@ class MLP(nn.Module):
         elif isinstance(self.down_weight, torch.Tensor) and gemv_usable(gate_up, self.down_weight):
             down = gemv(gate_up, self.down_weight, silu_mul=True, policy=kernels)  # SiLU·mul folded into the GEMV
         else:
-            down = linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight, None, None)
+            down = linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight, None, kernels)
         return self.tp.all_reduce(down)
 
 

@@ -41,6 +41,8 @@ import torch
 from torch import nn
 
 from governor.engine.models.model_config import WeightQuantization
+from governor.kernels.gemv import fp8_gemv, fp8_gemv_usable
+from governor.kernels.launch_policy import LaunchPolicy
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
 PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
@@ -230,6 +232,11 @@ class QuantizedLinear(nn.Module):
         w = (q - z[g]).float() * self.scales.float()[g]  # [in, out]
         return w.t().to(dtype)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ W.T (+ bias) in x's dtype, W dequantized on every call (the reference path; slow on a GPU)."""
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, kernels: LaunchPolicy | None = None
+                ) -> torch.Tensor:
+        """x @ W.T (+ bias) in x's dtype. On the fused path (`kernels`: its launch policy) a one-row step of an fp8
+        layer streams its e4m3 bytes through `fp8_gemv`; otherwise W is dequantized on every call (the reference
+        path; slow on a GPU)."""
+        if kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
+            return fp8_gemv(x, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
