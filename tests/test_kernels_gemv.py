@@ -13,8 +13,18 @@ import torch
 from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
-from governor.kernels.gemv import block_k_for, fp8_gemv, fp8_gemv_ref, gemv, gemv_ref, gemv_usable
+from governor.kernels.gemv import (
+    awq_gemv,
+    awq_gemv_ref,
+    block_k_for,
+    fp8_gemv,
+    fp8_gemv_ref,
+    gemv,
+    gemv_ref,
+    gemv_usable,
+)
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
+from tests import test_quantized_weights as qw
 from tests.conftest import DEVICE, TINY, needs_triton, seeded_randn
 from tests.test_engine_parity import hf_greedy, mixed_prompts
 
@@ -213,3 +223,54 @@ def test_gpu_fp8_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_produc
     x = seeded_randn(1, k, dtype=torch.bfloat16, seed=16)
     _assert_sum_order_close(fp8_gemv(x, codes, scale, block), x, _dequantized(codes, scale, block, torch.bfloat16),
                             None, False)
+
+
+# --- AWQ int4 weights -----------------------------------------------------------------------------------------------
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,k,group", [(64, 128, 32), (72, 64, 64), (136, 192, 64)],
+                         ids=["two-k-steps", "ragged-columns", "ragged-columns-three-k-steps"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_awq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, n: int, k: int, group: int,
+                                                                     with_bias: bool) -> None:
+    """The packed tensors come from the quantized-weights test's own AWQ packing, and the weight they stand for from
+    its own unpacking (independent of the kernel and of models/quantization.py)."""
+    w = seeded_randn(n, k, dtype=torch.float32, seed=17, scale=0.1)
+    scheme = qw.Scheme("awq", 4, group)
+    g_idx = torch.arange(k) // group
+    q, z, s = qw.quantize(w, scheme, g_idx)
+    packed = {"qweight": qw.pack_awq(q), "qzeros": qw.pack_awq(z), "scales": s}
+    weight = qw.dequantize(qw.unpack_awq(packed["qweight"]), qw.unpack_awq(packed["qzeros"]), s, g_idx)
+    x = seeded_randn(1, k, dtype=dtype, seed=18)
+    bias = seeded_randn(n, dtype=dtype, seed=19) if with_bias else None
+    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales")]
+    got = awq_gemv(x, *args, group, bias)
+    _assert_sum_order_close(got, x, weight.to(DEVICE, dtype), bias, False)
+    _assert_sum_order_close(awq_gemv_ref(x, *args, group, bias), x, weight.to(DEVICE, dtype), bias, False)
+
+
+@needs_triton
+def test_awq_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
+    x = seeded_randn(1, 64, dtype=torch.float32, seed=20)
+    qweight = torch.zeros(64, 2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="group_size 48 must divide"):
+        awq_gemv(x, qweight, torch.zeros(1, 2, dtype=torch.int32, device=DEVICE),
+                 torch.ones(1, 16, dtype=torch.float16, device=DEVICE), 48)
+    with pytest.raises(ValueError, match=r"qzeros must be \[2, 2\] and scales \[2, 16\]"):
+        awq_gemv(x, qweight, torch.zeros(1, 2, dtype=torch.int32, device=DEVICE),
+                 torch.ones(1, 16, dtype=torch.float16, device=DEVICE), 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336)], ids=["qkv", "down"])
+def test_gpu_awq_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n: int, k: int) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    qweight = torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, device="cuda", generator=gen)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // 8), dtype=torch.int32, device="cuda", generator=gen)
+    scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.01).half()
+    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=22)
+    weight = awq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, 128)  # W.T
+    _assert_sum_order_close(awq_gemv(x, qweight, qzeros, scales, 128), x, weight.t().to(torch.bfloat16), None, False)

@@ -435,19 +435,20 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(2, seed=4, hi=12), n=4)
 
 
-@pytest.mark.parametrize("case", ["qwen3-32x64", "channel-w8a8-bf16-scales"])
-def test_triton_backend_runs_fp8_decode_steps_through_the_fp8_gemv(quantized, hf_model, monkeypatch,
-                                                                  case: str) -> None:
-    """One-row steps of an fp8 model on the fused path stream the e4m3 weight through `fp8_gemv` (interpreted on
-    CPU), with transformers' tokens on the dequantized weights."""
+@pytest.mark.parametrize("case", ["qwen3-32x64", "channel-w8a8-bf16-scales", "awq-qwen2"])
+def test_triton_backend_runs_fp8_and_awq_decode_steps_through_their_gemv(quantized, hf_model, monkeypatch,
+                                                                        case: str) -> None:
+    """One-row steps of an fp8 or AWQ model on the fused path stream the packed weight through `fp8_gemv` or
+    `awq_gemv` (interpreted on CPU), with transformers' tokens on the dequantized weights."""
     import governor.engine.models.quantization as quantization
 
-    calls = count_calls(monkeypatch, quantization, "fp8_gemv")
-    arch, scheme = {**FP8_CASES, **CT_CASES}[case]
+    kernel = "awq_gemv" if case.startswith("awq") else "fp8_gemv"
+    calls = count_calls(monkeypatch, quantization, kernel)
+    arch, scheme = {**FP8_CASES, **CT_CASES, "awq-qwen2": ("qwen2", AWQ)}[case]
     packed, oracle = quantized(arch, scheme)
     llm = LLM(str(packed), dtype="float32", attention_backend="triton")
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(1, seed=10, hi=12), n=4)
-    assert calls["fp8_gemv"] >= 3 * 4 * 2  # decode steps x (qkv, o, gate_up, down) x layers
+    assert calls[kernel] >= 3 * 4 * 2  # decode steps x (qkv, o, gate_up, down) x layers
 
 
 @pytest.mark.gpu

@@ -219,3 +219,106 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple
         EVEN_K=k % block_k == 0, PDL=pdl, num_warps=config.num_warps, **pdl_launch(pdl),
     )  # fmt: skip
     return out
+
+
+# --- AWQ int4 weights -----------------------------------------------------------------------------------------------
+# AWQ's GEMM layout (models/quantization.py): qweight [K, N/8] int32, 8 four-bit codes per int32 along the output
+# features, nibble j holding column AWQ_ORDER[j] = (0, 2, 4, 6, 1, 3, 5, 7)[j] of its eight; qzeros [G, N/8] packed
+# the same way; scales [G, N] float16; G = K / group_size. W[o, i] = (q[i, o] - z[i // group_size, o]) *
+# s[i // group_size, o], computed in fp32 and rounded to the activation dtype (as the reference path builds it).
+
+
+def awq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What `awq_gemv` computes, in PyTorch: the weight unpacked and dequantized in fp32, rounded to x's dtype."""
+    order = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7], device=qweight.device)  # column c's nibble (AWQ_ORDER inverted)
+    shifts = 4 * order.repeat(qweight.shape[1])
+
+    def unpack(packed: torch.Tensor) -> torch.Tensor:
+        return (packed.repeat_interleave(8, dim=1) >> shifts) & 0xF
+
+    groups = torch.arange(qweight.shape[0], device=qweight.device) // group_size
+    w = (unpack(qweight) - unpack(qzeros)[groups]).float() * scales.float()[groups]  # [K, N]
+    return F.linear(x, w.t().to(x.dtype), bias)
+
+
+def awq_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
+    """Whether `awq_gemv` takes this product: one contiguous row of x, Triton available, a contiguous qweight."""
+    return (x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and triton_usable(x) and qweight.dim() == 2
+            and qweight.dtype == torch.int32 and qweight.is_contiguous())
+
+
+@triton.jit
+def _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, shifts, n, K: tl.constexpr, GROUP: tl.constexpr,
+                dtype: tl.constexpr):
+    # The dequantized weight's [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), in fp32, rounded
+    # to the activation dtype.
+    packs = n // 8
+    mask = (ks < K)[:, None] & (cols < n)[None, :]
+    groups = ks // GROUP
+    q = (tl.load(qw_ptr + ks.to(tl.int64)[:, None] * packs + (cols // 8)[None, :], mask=mask, other=0)
+         >> shifts[None, :]) & 0xF
+    z = (tl.load(qz_ptr + groups.to(tl.int64)[:, None] * packs + (cols // 8)[None, :], mask=mask, other=0)
+         >> shifts[None, :]) & 0xF
+    s = tl.load(s_ptr + groups.to(tl.int64)[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return round_to((q - z).to(tl.float32) * s, dtype)
+
+
+@triton.jit
+def _awq_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, n, K: tl.constexpr, GROUP: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # Program: BLOCK_N output features (whole packs of 8). The K loop accumulates [BLOCK_K, BLOCK_N] products and
+    # reduces over K once at the end; the first weight tile is read before waiting for x (PDL), as `_gemv_kernel`.
+    dtype = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    shifts = ((cols % 8) // 2 + (cols % 2) * 4) * 4  # column c's nibble: (c % 8) // 2, plus 4 for odd c
+    kk = tl.arange(0, BLOCK_K)
+    if PDL:
+        gdc_launch_dependents()
+    w = _awq_w_tile(qw_ptr, qz_ptr, s_ptr, kk, cols, shifts, n, K, GROUP, dtype)
+    if PDL:
+        gdc_wait()
+    acc = w * _x_tile(x_ptr, kk, K, False, dtype)[:, None]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ks = k0 + kk
+        acc += _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, shifts, n, K, GROUP, dtype) * \
+            _x_tile(x_ptr, ks, K, False, dtype)[:, None]
+    out = tl.sum(acc, axis=0)
+    n_mask = cols < n
+    if HAS_BIAS:
+        out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
+
+
+AWQ_BLOCK_N = 64  # output features a program takes: 8 packs of 8
+AWQ_BLOCK_K = 64  # input features a K step takes
+
+
+def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+             bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
+    """`awq_gemv_ref` in one Triton kernel for x [1, K] and AWQ's packed int4 tensors; returns [1, N] in x's dtype.
+    Its tile (AWQ_BLOCK_N x AWQ_BLOCK_K, 4 warps) is a first choice, not yet measured on a GPU; `policy` only
+    decides PDL (None: the device's)."""
+    if not awq_gemv_usable(x, qweight):
+        raise ValueError(f"awq_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous int32 qweight "
+                         f"[K, N/8]; got x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} {qweight.dtype}")
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    groups = k // group_size if group_size > 0 and k % group_size == 0 else 0
+    if x.shape[1] != k or not groups:
+        raise ValueError(f"awq_gemv: x has {x.shape[1]} columns and qweight {k} rows, which group_size {group_size} "
+                         "must divide; they must be equal")
+    if tuple(qzeros.shape) != (groups, n // 8) or tuple(scales.shape) != (groups, n) or not (
+            qzeros.is_contiguous() and scales.is_contiguous()):
+        raise ValueError(f"awq_gemv: qzeros must be [{groups}, {n // 8}] and scales [{groups}, {n}], contiguous; got "
+                         f"{tuple(qzeros.shape)} and {tuple(scales.shape)}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"awq_gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    if policy is None:
+        policy = policy_for(x.device)
+    pdl = chain_pdl(policy, x.device)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _awq_gemv_kernel[(triton.cdiv(n, AWQ_BLOCK_N),)](
+        x, qweight, qzeros, scales, out if bias is None else bias, out, n, K=k, GROUP=group_size,
+        BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+    )  # fmt: skip
+    return out
