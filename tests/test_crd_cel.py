@@ -64,7 +64,6 @@ RULE_MESSAGES = {
     "draft_model without draftModel": "method draft_model needs draftModel",
     "ngram with a draftModel": "method ngram takes no draftModel",
     "tensor parallel wider than the pod's GPUs": "tensorParallelSize needs as many GPUs per pod",
-    "quantization with tensor parallelism": "quantization needs tensorParallelSize 1",
     "starting knob below its autotune bound": "engine.knobs.maxNumSeqs must lie inside autotune.bounds.maxNumSeqs",
     "starting knob above its autotune bound": "engine.knobs.maxNumBatchedTokens must lie inside "
                                               "autotune.bounds.maxNumBatchedTokens",

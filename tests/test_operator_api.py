@@ -271,9 +271,6 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
         "spec.engine.speculative.draftModel"),
     "tensor parallel wider than the pod's GPUs": (
         {"engine.tensorParallelSize": 4, "engine.resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
-    "quantization with tensor parallelism": (
-        {"engine.quantization": "fp8", "engine.tensorParallelSize": 2, "engine.resources": {"gpus": 2}},
-        "spec.engine.quantization"),
     "starting knob below its autotune bound": (
         {"engine.knobs": {"maxNumSeqs": 4}, "autotune.bounds": {"maxNumSeqs": {"min": 8, "max": 64}}},
         "spec.engine.knobs.maxNumSeqs"),

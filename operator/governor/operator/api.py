@@ -210,8 +210,6 @@ class EngineSpec(Kube):
     model_config = ConfigDict(json_schema_extra=cel(
         ("self.resources.gpus == 0 || self.tensorParallelSize <= self.resources.gpus",
          "tensorParallelSize needs as many GPUs per pod: raise resources.gpus or lower tensorParallelSize"),
-        ("!has(self.quantization) || self.tensorParallelSize == 1",
-         "quantization needs tensorParallelSize 1: a quantized model runs on one GPU today"),
         ("!has(self.knobs.numSpeculativeTokens) || self.knobs.numSpeculativeTokens == 0 || "
          "(has(self.speculative) && self.knobs.numSpeculativeTokens <= self.speculative.numSpeculativeTokens)",
          "knobs.numSpeculativeTokens needs speculative decoding and at most speculative.numSpeculativeTokens "
@@ -225,11 +223,6 @@ class EngineSpec(Kube):
         default="auto", description="Weight and activation dtype ('auto': the checkpoint's).")
     kv_cache_dtype: Literal["auto", "fp8"] = Field(default="auto", description=(
         "KV cache element type: 'auto' (the model dtype) or 'fp8' (e4m3 with scales; twice the KV capacity)."))
-    quantization: Literal["fp8", "awq", "gptq", "compressed-tensors"] | None = Field(default=None, description=(
-        "Weight quantization. Unset: the checkpoint's own (its config.json's quantization_config, or none). 'fp8' "
-        "on an unquantized checkpoint quantizes it at load; naming the checkpoint's own method checks it. The "
-        "operator cannot see the checkpoint or the GPU: a method the checkpoint does not have fails the engine at "
-        "load, with an error naming both."))
     prefix_caching: bool = Field(default=True, description="Reuse cached KV of shared prompt prefixes.")
     speculative: Speculative | None = Field(default=None, description="Speculative decoding (off when absent).")
     max_model_len: int | None = Field(default=None, ge=16, description="Longest context (prompt + output) in "

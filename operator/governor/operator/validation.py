@@ -106,9 +106,6 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
                            f"{k} exceeds speculative.numSpeculativeTokens={engine.speculative.num_speculative_tokens}"
                            ", the hard cap of K"))
 
-    if engine.quantization is not None and engine.tensor_parallel_size > 1:
-        err(FieldError("spec.engine.quantization", f"{engine.quantization} needs tensorParallelSize 1 (a quantized "
-                       f"model runs on one GPU today), got {engine.tensor_parallel_size}"))
     gpus = engine.resources.gpus
     if gpus > 0 and engine.tensor_parallel_size > gpus:
         err(FieldError("spec.engine.tensorParallelSize",
