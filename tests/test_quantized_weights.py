@@ -435,7 +435,7 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(2, seed=4, hi=12), n=4)
 
 
-@pytest.mark.parametrize("case", ["qwen3-32x64", "channel-w8a8-bf16-scales", "awq-qwen2"])
+@pytest.mark.parametrize("case", ["qwen3-32x64", "awq-qwen2"])
 def test_triton_backend_runs_fp8_and_awq_decode_steps_through_their_gemv(quantized, hf_model, monkeypatch,
                                                                         case: str) -> None:
     """One-row steps of an fp8 or AWQ model on the fused path stream the packed weight through `fp8_gemv` or
