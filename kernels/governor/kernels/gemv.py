@@ -21,7 +21,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from governor.kernels.elementwise import chain_pdl, pdl_launch, round_to, silu_mul_ref, triton_usable
-from governor.kernels.launch_policy import LaunchPolicy, policy_for
+from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 
 
 def gemv_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False
@@ -86,6 +86,17 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BLOCK_N: tl.c
     tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
 
 
+def _one_row_launch(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int, k: int,
+                    policy: LaunchPolicy | None) -> tuple[GemvConfig, int, bool, torch.Tensor]:
+    """What a one-row GEMV launch of [N, K] needs after its own checks: the bias checked, the policy's tile, its K
+    step (`block_k_for`), whether it runs under PDL, and the output [1, N] in x's dtype."""
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"{name}: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    config = (policy or policy_for(x.device)).gemv
+    pdl = chain_pdl(policy or policy_for(x.device), x.device)
+    return config, block_k_for(config.block_k, k), pdl, torch.empty(1, n, dtype=x.dtype, device=x.device)
+
+
 def block_k_for(block_k: int, k: int) -> int:
     """The K step of a launch: the largest power-of-two fraction of the policy's `block_k` (down to 128) that divides
     K, so that every step is whole and unmasked; `block_k` itself when none does. On an H200 a masked last step cost
@@ -110,14 +121,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, sil
     if x.shape[1] != (2 * k if silu_mul else k):
         raise ValueError(f"gemv: x has {x.shape[1]} columns; w [N, {k}] needs {2 * k if silu_mul else k}"
                          f"{' (gate and up side by side)' if silu_mul else ''}")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    if policy is None:
-        policy = policy_for(x.device)
-    config = policy.gemv
-    block_k = block_k_for(config.block_k, k)
-    pdl = chain_pdl(policy, x.device)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    config, block_k, pdl, out = _one_row_launch("gemv", x, bias, n, k, policy)
     _gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, out if bias is None else bias, out, n, K=k, BLOCK_N=config.block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, SILU_MUL=silu_mul, EVEN_N=n % config.block_n == 0,
@@ -205,14 +209,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple
     if tuple(scale.shape) != (-(-n // bn), -(-k // bk)) or scale.dtype != torch.float32 or scale.stride(1) != 1:
         raise ValueError(f"fp8_gemv: scale must be float32 [{-(-n // bn)}, {-(-k // bk)}] (blocks of {bn} x {bk}) "
                          f"with contiguous rows, got {tuple(scale.shape)} {scale.dtype}")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"fp8_gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    if policy is None:
-        policy = policy_for(x.device)
-    config = policy.gemv
-    block_k = block_k_for(config.block_k, k)
-    pdl = chain_pdl(policy, x.device)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    config, block_k, pdl, out = _one_row_launch("fp8_gemv", x, bias, n, k, policy)
     _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, scale, out if bias is None else bias, out, n, scale.stride(0), K=k, BN_SCALE=bn, BK_SCALE=bk,
         BLOCK_N=config.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, EVEN_N=n % config.block_n == 0,
