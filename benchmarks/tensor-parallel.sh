@@ -19,6 +19,8 @@
 #   shards-ab   BASE=<commit> (a git worktree of it) or BASE_TREE=<folder> (e.g. from `git archive`, where the copy
 #               has no .git): latency of the llama3-8b shape and its TP 2 and 4 shards on one GPU by that code and by
 #               this tree, alternated (ROUNDS, default 2): a kernel change's effect per shard;
+#   tp-ab       the same comparison on real tensor parallelism: latency of the llama3-8b shape at TP 1, 2 (and 4
+#               where the host has 4 GPUs; AB_TP to choose) by that code and by this tree, alternated;
 #   throughput  llama3-8b shape at TP 2: 256 prompts, 100 tokens in, 1024 out;
 #   70b         llama3-70b shape at TP 4: latency at batches 1, 8, 32, and the throughput workload;
 #   vllm        vLLM 0.26 on the same shapes and workloads at the same TP sizes (PEERS_DIR holds its bundle, as
@@ -85,6 +87,17 @@ make_worktree() {  # make_worktree DIR COMMIT: a git worktree of COMMIT at DIR
   [ -n "$2" ] || { echo "BASE=<commit> or BASE_TREE=<folder> names the code to compare"; return 1; }
   rm -rf "$1" && git worktree prune && git worktree add -q --detach "$1" "$2"
 }
+ab_sides() {  # SIDES: "base new", or "new" when there is no base tree; BASE_DIR: the base tree
+  BASE_DIR=${BASE_TREE:-/tmp/gpu-tp/base}
+  SIDES="base new"
+  if [ -z "${BASE_TREE:-}" ]; then stage base-tree make_worktree "$BASE_DIR" "${BASE:-}"; fi
+  [ -d "$BASE_DIR/kernels/governor" ] || SIDES=new
+}
+side_path() {  # side_path base|new: the PYTHONPATH that runs that side's code
+  local tree=$PWD
+  [ "$1" = base ] && tree=$BASE_DIR
+  echo "$tree/engine:$tree/kernels:$tree/operator:$PYTHONPATH"
+}
 install_vllm() {  # unpack the bundle into PEERS_DIR/site (a no-op when it holds this bundle already)
   python3 -m benchmarks.peers.bundle install --peers-dir "$PEERS_DIR" --target "$PEERS_DIR/site" &&
     VLLM_SITE=$PEERS_DIR/site
@@ -146,17 +159,23 @@ for s in ${STAGE:-tests allreduce latency profile throughput 70b vllm}; do
     shards-ab)
       stage config-8b config_only $M8 $PRESET8
       for n in $SHARDS; do stage "config-8b-shard$n" python3 scripts/tp-shard-config.py $M8 "$M8-shard$n" "$n"; done
-      base=${BASE_TREE:-/tmp/gpu-tp/base}
-      sides="base new"
-      if [ -z "${BASE_TREE:-}" ]; then stage base-tree make_worktree "$base" "${BASE:-}"; fi
-      [ -d "$base/kernels/governor" ] || sides=new
+      ab_sides
       for r in $(seq "${ROUNDS:-2}"); do
-        for side in $sides; do
-          tree=$PWD
-          [ "$side" = base ] && tree=$base
+        for side in $SIDES; do
           for m in 8b $(printf '8b-shard%s ' $SHARDS); do
-            PYTHONPATH=$tree/engine:$tree/kernels:$tree/operator:$PYTHONPATH stage "ab-$m-$side-$r" bench latency \
-              "$M8${m#8b}" 1 "ab-$m-$side-$r" "${LAT_AB[@]}"
+            PYTHONPATH=$(side_path $side) stage "ab-$m-$side-$r" bench latency "$M8${m#8b}" 1 "ab-$m-$side-$r" \
+              "${LAT_AB[@]}"
+          done
+        done
+      done ;;
+    tp-ab)
+      stage config-8b config_only $M8 $PRESET8
+      ab_sides
+      for r in $(seq "${ROUNDS:-2}"); do
+        for side in $SIDES; do
+          for tp in ${AB_TP:-$SIZES8}; do
+            PYTHONPATH=$(side_path $side) stage "tp-ab-$side-$r-tp$tp" bench latency $M8 "$tp" "8b-ab-$side-$r" \
+              "${LAT_AB[@]}"
           done
         done
       done ;;
@@ -187,7 +206,7 @@ for s in ${STAGE:-tests allreduce latency profile throughput 70b vllm}; do
           --model $M70 --load-format dummy --num-prompts 256 --input-len 100:100 --output-len 1024:1024 \
           "${VLLM_THR[@]}" --tensor-parallel-size "$tp"
       done ;;
-    *) echo "unknown stage $s (tests, allreduce, latency, profile, shards, shards-ab, throughput, 70b, vllm)"; FAILED+=("$s") ;;
+    *) echo "unknown stage $s (tests, allreduce, latency, profile, shards, shards-ab, tp-ab, throughput, 70b, vllm)"; FAILED+=("$s") ;;
   esac
 done
 

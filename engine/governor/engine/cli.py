@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ar.add_argument("--calls", type=int, default=20, help="all-reduces per captured graph")
     ar.add_argument("--replays", type=int, default=50)
+    ar.add_argument("--hidden", type=int, default=4096,
+                    help="row width of the all-reduce + residual add + RMSNorm rows (one-shot+norm against fused)")
     ar.add_argument("--output-json", default=None)
     return parser
 
@@ -331,9 +333,9 @@ def _run(args: argparse.Namespace) -> int:
         from governor.engine.bench.all_reduce import bench_all_reduce, parse_sizes
 
         dtype = getattr(torch, args.dtype)
-        result = bench_all_reduce(args.tp, parse_sizes(args.sizes), dtype, args.calls, args.replays)
+        result = bench_all_reduce(args.tp, parse_sizes(args.sizes), dtype, args.calls, args.replays, args.hidden)
         for row in result["rows"]:
-            print(f"{row['bytes']:>9} B {row['path']:>8}: {row['us']:7.1f} us (max error {row['max_abs_err']:.3g})")
+            print(f"{row['bytes']:>9} B {row['path']:>13}: {row['us']:7.1f} us (max error {row['max_abs_err']:.3g})")
         bench_cache.write_envelope("bench-all-reduce", "-", result, args.output_json)
         return 0
     if args.command == "bench" and args.bench == "attention":

@@ -162,7 +162,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         pdl = chain_pdl(policy, x.device)
         _add_rms_norm_kernel[(t,)](x, r, weight, out, h, n, eps, x.stride(0), r.stride(0), out.stride(0),
                                    h.stride(0), HAS_RESIDUAL=residual is not None,
-                                   BLOCK=triton.next_power_of_2(n), PDL=pdl, num_warps=_row_warps(policy, n),
+                                   BLOCK=triton.next_power_of_2(n), PDL=pdl, num_warps=row_warps(policy, n),
                                    **pdl_launch(pdl))
     return out, h
 
@@ -196,6 +196,6 @@ def silu_mul(gate_up: torch.Tensor, *, policy: LaunchPolicy | None = None) -> to
     return out
 
 
-def _row_warps(policy: LaunchPolicy, n: int) -> int:
-    # Enough threads that a row of n values is a few per thread.
+def row_warps(policy: LaunchPolicy, n: int) -> int:
+    """Warps of a one-program-per-row kernel over rows of n values: enough threads that a row is a few per thread."""
     return max(1, min(policy.row_max_warps, n // policy.row_values_per_warp))

@@ -5,10 +5,15 @@ all-reduces of one size captured in a CUDA graph, as a decode step issues them; 
 times and rank 0 times the replays with CUDA events. Each path's sum is checked against a float64 sum of what
 every rank put in. The table is what the thresholds in tp/all_reduce.py come from, and its per-size times are the
 all-reduce share of a decode step's roofline (`bench latency` at TP > 1).
+
+Messages of whole rows of `hidden` values up to the one-shot size also time what a decode step does with them: the
+all-reduce followed by the residual add and RMSNorm, as two kernels (one-shot, then `add_rms_norm`: `one_shot+norm`)
+and as the fused kernel (`fused`, kernels/reduce_norm.py); their error is the summed rows' (plus the residual).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,15 +22,19 @@ import torch.multiprocessing as mp
 
 from governor.engine.tp.all_reduce import AllReducePolicy, P2PAllReduce, p2p_unavailable_reason
 from governor.engine.tp.group import destroy_tp_group, free_port, init_tp_group
+from governor.kernels.elementwise import add_rms_norm
+from governor.kernels.launch_policy import policy_for
 
 PATHS = ("one_shot", "two_shot", "nccl")
+NORM_PATHS = ("one_shot+norm", "fused")
 _FORCED = {"one_shot": lambda big: AllReducePolicy(big, big), "two_shot": lambda big: AllReducePolicy(0, big),
            "nccl": lambda big: AllReducePolicy(0, 0)}
 
 
 def bench_all_reduce(world: int, sizes: list[int], dtype: torch.dtype, calls: int = 20,
-                     replays: int = 50) -> dict[str, Any]:
-    """Rows {bytes, path, us, max_abs_err} for every size (bytes) and path, from `world` processes, one per GPU."""
+                     replays: int = 50, hidden: int = 4096) -> dict[str, Any]:
+    """Rows {bytes, path, us, max_abs_err} for every size (bytes) and path, from `world` processes, one per GPU;
+    `hidden`: the row width of the all-reduce + norm paths."""
     if torch.cuda.device_count() < world:
         raise ValueError(f"bench all-reduce --tp {world} needs {world} GPUs; torch sees {torch.cuda.device_count()}")
     reason = p2p_unavailable_reason(torch.device("cuda", 0), world)
@@ -34,7 +43,7 @@ def bench_all_reduce(world: int, sizes: list[int], dtype: torch.dtype, calls: in
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, sizes, dtype, calls, replays, queue))
+    procs = [ctx.Process(target=_rank_main, args=(rank, world, port, sizes, dtype, calls, replays, hidden, queue))
              for rank in range(world)]
     for p in procs:
         p.start()
@@ -44,16 +53,16 @@ def bench_all_reduce(world: int, sizes: list[int], dtype: torch.dtype, calls: in
     if isinstance(result, str):
         raise RuntimeError(f"bench all-reduce failed: {result}")
     result["info"] = {"world": world, "dtype": str(dtype).removeprefix("torch."), "calls_per_graph": calls,
-                      "replays": replays, "policy": AllReducePolicy.for_size(world).__dict__}
+                      "replays": replays, "hidden": hidden, "policy": AllReducePolicy.for_size(world).__dict__}
     return result
 
 
 def _rank_main(rank: int, world: int, port: int, sizes: list[int], dtype: torch.dtype, calls: int, replays: int,
-               queue: Any) -> None:
+               hidden: int, queue: Any) -> None:
     device = torch.device("cuda", rank)
     tp = init_tp_group(rank, world, port, device)
     try:
-        rows = _measure(tp, device, sizes, dtype, calls, replays)
+        rows = _measure(tp, device, sizes, dtype, calls, replays, hidden)
         if rank == 0:
             queue.put({"rows": rows})
     except Exception as e:
@@ -66,28 +75,54 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], dtype: torch.
 
 
 def _measure(tp: Any, device: torch.device, sizes: list[int], dtype: torch.dtype, calls: int,
-             replays: int) -> list[dict[str, Any]]:
+             replays: int, hidden: int) -> list[dict[str, Any]]:
     big = max(sizes)
     reducers = {path: P2PAllReduce(tp.compute, device, dtype, _FORCED[path](big)) for path in PATHS}
     try:
-        return _time_paths(tp, device, sizes, dtype, calls, replays, reducers)
+        return _time_paths(tp, device, sizes, dtype, calls, replays, hidden, reducers)
     finally:
         for r in reducers.values():
             r.close()
 
 
+def _ops(reducers: dict[str, P2PAllReduce], nbytes: int, hidden: int, dtype: torch.dtype, residual: torch.Tensor,
+         weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Each path's call on one message: its sum (the all-reduce paths) or its summed rows plus `residual` (the
+    all-reduce + norm paths, where the message is whole rows that the fused kernel takes)."""
+    ops: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {path: reducers[path] for path in PATHS}
+    one_shot = reducers["one_shot"]
+    rows = nbytes // (hidden * dtype.itemsize)
+    if (rows and nbytes % (hidden * dtype.itemsize) == 0 and one_shot.peers is not None
+            and rows <= min(one_shot.peers.max_rows(hidden, dtype), one_shot.fused_rows_max)):
+        policy = policy_for(residual.device)
+
+        def unfused(x: torch.Tensor) -> torch.Tensor:
+            return add_rms_norm(one_shot(x).view(rows, hidden), residual, weight, 1e-6, policy=policy)[1]
+
+        def fused(x: torch.Tensor) -> torch.Tensor:
+            out = one_shot.add_rms_norm(x.view(rows, hidden), residual, weight, 1e-6, policy)
+            assert out is not None
+            return out[1]
+
+        ops.update({"one_shot+norm": unfused, "fused": fused})
+    return ops
+
+
 def _time_paths(tp: Any, device: torch.device, sizes: list[int], dtype: torch.dtype, calls: int, replays: int,
-                reducers: dict[str, P2PAllReduce]) -> list[dict[str, Any]]:
+                hidden: int, reducers: dict[str, P2PAllReduce]) -> list[dict[str, Any]]:
     rows = []
+    weight = torch.ones(hidden, dtype=dtype, device=device)
     for nbytes in sizes:
         n = nbytes // dtype.itemsize
         gen = torch.Generator(device=device).manual_seed(1000 * tp.rank + n)
         inputs = torch.randn(calls, n, generator=gen, device=device).to(dtype)
+        residual = torch.randn(max(n // hidden, 1), hidden, generator=torch.Generator(device=device).manual_seed(n),
+                               device=device).to(dtype)  # the same on every rank
         everyone = [torch.empty_like(inputs) for _ in range(tp.size)]
         dist.all_gather(everyone, inputs, group=tp.compute)
         want = torch.stack(everyone).double().sum(0)
-        for path in PATHS:
-            reduce = reducers[path]
+        for path, reduce in _ops(reducers, nbytes, hidden, dtype, residual, weight).items():
+            expect = want if path in PATHS else want + residual.double().reshape(-1)
             work = inputs.clone()
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -102,7 +137,7 @@ def _time_paths(tp: Any, device: torch.device, sizes: list[int], dtype: torch.dt
             work.copy_(inputs)
             graph.replay()
             torch.cuda.synchronize(device)
-            err = float((torch.stack(sums).double() - want).abs().max())
+            err = float((torch.stack([s.reshape(-1) for s in sums]).double() - expect).abs().max())
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             dist.barrier(group=tp.compute)
             torch.cuda.synchronize(device)

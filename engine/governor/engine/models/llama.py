@@ -6,10 +6,12 @@ math exactly (fp32 RMSNorm statistics, rotate-half rotary) so fp32 outputs match
 
 Under tensor parallelism the model is built from the rank's `shard_config` (its share of the heads and
 MLP columns, tp/sharding.py) and `load_weights` reads only that rank's slice of each checkpoint tensor;
-o_proj and down_proj outputs are partial sums, completed by an all-reduce over the ranks. The vocabulary is
-split too: each rank holds ceil(V / N) rows of the embedding and of lm_head (the last rank's tail is zero
-padding). A token's embedding comes from the rank that holds its row (the others add zeros, in the same
-all-reduce pattern), and each rank's logits cover its rows; they are gathered for the rows that sample only.
+o_proj and down_proj outputs are partial sums, completed by an all-reduce over the ranks, which is fused with the
+residual add and RMSNorm that follow it where the peer-to-peer memory takes the message (`CausalLM._sum_add_norm`:
+decode steps). The vocabulary is split too: each rank holds ceil(V / N) rows of the embedding and of lm_head (the
+last rank's tail is zero padding). A token's embedding comes from the rank that holds its row (the others add zeros,
+in the same all-reduce pattern), and each rank's logits cover its rows; they are gathered for the rows that sample
+only.
 
 A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
 `QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; an fp8 one streams its
@@ -116,9 +118,8 @@ class Rotary:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
-                 tp: TPGroup, rotary: Rotary) -> None:
+                 rotary: Rotary) -> None:
         super().__init__()
-        self.tp = tp
         self.rotary = rotary
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
@@ -146,8 +147,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor | None,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        """`cos_sin`: the step's `Rotary.lookup` rows, or None for the fused path (Triton backend), where one
-        kernel norms (Qwen3) and rotates q and k and writes k and v to the cache."""
+        """o_proj's output (under tensor parallelism this rank's partial sum). `cos_sin`: the step's `Rotary.lookup`
+        rows, or None for the fused path (Triton backend), where one kernel norms (Qwen3) and rotates q and k and
+        writes k and v to the cache."""
         kernels = self.backend.policy if cos_sin is None and not self.observe else None
         qkv = linear(x, self.qkv_weight, self.qkv_bias, kernels)
         if kernels is not None:
@@ -159,7 +161,7 @@ class Attention(nn.Module):
             out = self.backend.attend(q, kv_cache, meta, self.k_scale, self.v_scale)
         else:
             out = self._unfused(qkv, self.rotary.lookup(positions) if cos_sin is None else cos_sin, kv_cache, meta)
-        return self.tp.all_reduce(linear(out.reshape(-1, self.q_size), self.o_weight, None, kernels))
+        return linear(out.reshape(-1, self.q_size), self.o_weight, None, kernels)
 
     def _unfused(self, qkv: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
                  meta: AttentionMetadata) -> torch.Tensor:
@@ -179,15 +181,15 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.tp = tp
         self.intermediate = cfg.intermediate_size
         # gate and up projections fused: rows [gate | up].
         self.gate_up_weight = _weight(cfg, (cfg.intermediate_size,) * 2, cfg.hidden_size, dtype, device)
         self.down_weight = _weight(cfg, (cfg.hidden_size,), cfg.intermediate_size, dtype, device)
 
     def forward(self, x: torch.Tensor, kernels: LaunchPolicy | None) -> torch.Tensor:
+        """down_proj's output (under tensor parallelism this rank's partial sum)."""
         gate_up = linear(x, self.gate_up_weight, None, kernels)
         if kernels is None:
             down = linear(elementwise.silu_mul_ref(gate_up), self.down_weight, None, None)
@@ -195,17 +197,17 @@ class MLP(nn.Module):
             down = gemv(gate_up, self.down_weight, silu_mul=True, policy=kernels)  # SiLU·mul folded into the GEMV
         else:
             down = linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight, None, kernels)
-        return self.tp.all_reduce(down)
+        return down
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
-                 tp: TPGroup, rotary: Rotary) -> None:
+                 rotary: Rotary) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device, backend, tp, rotary)
+        self.self_attn = Attention(cfg, dtype, device, backend, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = MLP(cfg, dtype, device, tp)
+        self.mlp = MLP(cfg, dtype, device)
 
 
 # Checkpoint projection → (block, the fused weight it belongs to, its part of that weight's output features).
@@ -255,7 +257,7 @@ class CausalLM(nn.Module):
         self.vocab_rows = -(-cfg.vocab_size // tp.size)
         self.vocab_start = tp.rank * self.vocab_rows
         self.embed_tokens = _param(self.vocab_rows, cfg.hidden_size, dtype=dtype, device=device)
-        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp, self.rotary)
+        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, self.rotary)
                                for _ in range(cfg.num_layers)]
         self.layers = nn.ModuleList(self.decoder_layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
@@ -263,15 +265,25 @@ class CausalLM(nn.Module):
                         else _param(self.vocab_rows, cfg.hidden_size, dtype=dtype, device=device))
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Each token's embedding row; under tensor parallelism, summed over the ranks, each giving the rows it
-        holds and zeros for the rest (no host sync: the step stays capturable)."""
+        """Each token's embedding row; under tensor parallelism this rank's part of it, the row where the rank holds
+        it and zeros elsewhere (no host sync: the step stays capturable), which the first norm sums over the ranks."""
         if self.tp.size == 1:
             return F.embedding(input_ids, self.embed_tokens)
         local = input_ids - self.vocab_start
         held = (local >= 0) & (local < self.vocab_rows)
-        h = F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed_tokens) * held.unsqueeze(1).to(
+        return F.embedding(local.clamp(0, self.vocab_rows - 1), self.embed_tokens) * held.unsqueeze(1).to(
             self.embed_tokens.dtype)
-        return self.tp.all_reduce(h)
+
+    def _sum_add_norm(self, norm: RMSNorm, partial: torch.Tensor, residual: torch.Tensor | None,
+                      kernels: LaunchPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`norm.add_forward` of the ranks' sum of `partial` (a row-parallel matmul's output or the embedding): the
+        all-reduce, residual add and norm in one kernel where the peer-to-peer memory takes the message (a decode
+        step's), else the all-reduce then the norm. With one rank the sum is `partial` itself."""
+        if kernels is not None and self.tp.p2p is not None:
+            fused = self.tp.p2p.add_rms_norm(partial, residual, norm.weight, norm.eps, kernels)
+            if fused is not None:
+                return fused
+        return norm.add_forward(self.tp.all_reduce(partial), residual, kernels)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -280,13 +292,14 @@ class CausalLM(nn.Module):
         kernels = self.kernels
         h = self.embed(input_ids)
         cos_sin = None if kernels is not None else self.rotary.lookup(positions)  # gathered once for every layer
-        residual: torch.Tensor | None = None  # the residual stream; h is the last block's output
+        residual: torch.Tensor | None = None  # the residual stream; h is the last block's output (a partial sum
+        # under tensor parallelism)
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            x, residual = layer.input_layernorm.add_forward(h, residual, kernels)
+            x, residual = self._sum_add_norm(layer.input_layernorm, h, residual, kernels)
             h = layer.self_attn(x, positions, cos_sin, kv_cache, meta)
-            x, residual = layer.post_attention_layernorm.add_forward(h, residual, kernels)
+            x, residual = self._sum_add_norm(layer.post_attention_layernorm, h, residual, kernels)
             h = layer.mlp(x, kernels)
-        return self.norm.add_forward(h, residual, kernels)[0]
+        return self._sum_add_norm(self.norm, h, residual, kernels)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

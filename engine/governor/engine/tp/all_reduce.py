@@ -11,6 +11,11 @@ address space over NVLink) a message needs no hops:
   Two barriers, but each rank reads 2(N-1)/N of the message, so it pays for mid-sized ones;
 - NCCL for everything larger (prefill chunks), where bandwidth is what counts.
 
+Where an all-reduce is followed by the residual add and RMSNorm (every one in a decode step: after o_proj, after
+down_proj, after the embedding), a message of up to the one-shot size takes Governor's own kernel instead, which does
+the three in one (`kernels/reduce_norm.py`: each rank pushes its rows into every peer's buffer, raises flags, and
+sums, adds and norms what it received), on a second pair of buffers and signal pads of its own.
+
 The P2P paths are PyTorch's symmetric-memory kernels (`torch.ops.symm_mem`) on buffers allocated once at start.
 Both end in a barrier, so a buffer is never overwritten while a peer still reads it, and neither needs the host:
 they are captured into CUDA graphs like any kernel. NVLink multicast is never used: the buffers are made with
@@ -29,6 +34,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from governor.kernels.launch_policy import LaunchPolicy
+from governor.kernels.reduce_norm import PeerMemory, all_reduce_add_rms_norm
 
 log = logging.getLogger("governor.engine")
 
@@ -128,7 +136,30 @@ class P2PAllReduce:
         self.dtype = dtype
         self.world = dist.get_world_size(group)
         self.ops = torch.ops.symm_mem
-        self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0}  # by path, counted when issued (and captured)
+        self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0, "fused": 0}  # by path, when issued (and captured)
+        self.peers = self._peer_memory(symm_mem, device, dtype)
+        # A program of the fused kernel waits for the same program on every other rank, so all of a call's programs
+        # must be running at once: no more rows than SMs (one program each fits anywhere).
+        self.fused_rows_max = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def _peer_memory(self, symm_mem: Any, device: torch.device, dtype: torch.dtype) -> PeerMemory | None:
+        """The fused kernel's buffers (two slots of the one-shot size per rank, per sender) and signal pads, with
+        every rank's pad zeroed before any rank may raise a flag in it; None when the one-shot path is off."""
+        if self.policy.one_shot_max == 0:
+            return None
+        nbytes = 2 * self.world * max(self.policy.one_shot_max, 4096)
+        self.fused_buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+        handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
+        rank = dist.get_rank(self.group)
+        handle.get_signal_pad(rank).zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier(group=self.group)
+        words = handle.signal_pad_size // 4
+        at = int(getattr(handle, "offset", 0))  # the tensor's place in its allocation (0 unless it shares one)
+        buffers = [ptr + at for ptr in handle.buffer_ptrs]
+        return PeerMemory(rank, self.world, torch.tensor(buffers, dtype=torch.int64, device=device),
+                          torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device), nbytes, words,
+                          torch.zeros(words // self.world, dtype=torch.int32, device=device))
 
     def close(self) -> None:
         """Drop the group's extra name (before the group is destroyed)."""
@@ -136,6 +167,18 @@ class P2PAllReduce:
         _closed_in_this_process = True
         c10d: Any = torch._C._distributed_c10d
         c10d._unregister_process_group(self.group_name)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     policy: LaunchPolicy) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(RMSNorm(s + residual), s + residual) for s the ranks' sum of `x` [T, n], in one kernel
+        (`all_reduce_add_rms_norm`), when the message fits the one-shot size and the fused buffers; else None: the
+        caller all-reduces and norms. Collective, like every call here."""
+        if (self.peers is None or x.dtype != self.dtype or x.dim() != 2 or not x.is_contiguous()
+                or x.nbytes > self.policy.one_shot_max or x.shape[0] > self.fused_rows_max
+                or x.shape[0] > self.peers.max_rows(x.shape[1], x.dtype)):
+            return None
+        self.calls["fused"] += 1
+        return all_reduce_add_rms_norm(x, residual, weight, eps, self.peers, policy=policy)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of `x` over the ranks: `x` itself, summed in place (NCCL, two-shot), or a new tensor (one-shot)."""
