@@ -89,6 +89,16 @@ class CudaGraphs:
             out = forward()
         self.graphs[key] = (graph, out)
 
+    def release(self) -> None:
+        """Free every captured graph, after the device has finished replaying them. A tensor-parallel rank does it
+        before it leaves its process group: PyTorch's NCCL teardown (destroy_process_group) waits for good while a
+        graph that captured NCCL collectives still exists."""
+        torch.cuda.synchronize(self.device)
+        for graph, _out in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self._sizes.clear()
+
     def replay(self, key: GraphKey) -> torch.Tensor:
         """Replay the graph of `key` on the current stream; its output, valid until the next replay."""
         graph, out = self.graphs[key]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -70,7 +71,8 @@ class ModelExecutor:
         config = spec.config
         self.tp: TPGroup = SINGLE
         self._workers: WorkerProcesses | None = None
-        self._finalizer: weakref.finalize[[TPGroup, WorkerProcesses, threading.Event], ModelExecutor] | None = None
+        self._finalizer: weakref.finalize[..., ModelExecutor] | None = None
+        self._before_leaving: list[Callable[[], None]] = []  # run by `stop_workers` before NCCL is torn down
         if config.tensor_parallel_size > 1:
             self._start_workers(spec, config.tensor_parallel_size)
         try:
@@ -87,6 +89,8 @@ class ModelExecutor:
             if self.use_cuda_graphs:
                 graphs = self.runner.graphs
                 assert graphs is not None
+                if self.tp.size > 1:
+                    self._before_leaving.append(graphs.release)
                 log.info("CUDA graphs: %d captured in %.1f s (decode batch sizes up to %d%s%s)", graphs.num_captures,
                          self.cuda_graph_capture_s, config.seqs_cap,
                          f", verification at {1 + config.spec_cap} tokens per sequence" if config.spec_cap else "",
@@ -101,7 +105,7 @@ class ModelExecutor:
         self._workers = workers
         # Runs on close(), on garbage collection, or at interpreter exit, whichever comes first.
         stopped = threading.Event()
-        self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers, stopped)
+        self._finalizer = weakref.finalize(self, stop_workers, self.tp, workers, stopped, self._before_leaving)
         if spec.device_type == "cuda":
             watch_for_stuck_steps(workers, stopped, gpu_has_work(torch.device("cuda", 0)))
         log.info("tensor parallel: %d ranks (%s), worker pids %s", size, torch.distributed.get_backend(),

@@ -99,13 +99,17 @@ def _worker_main(spec: WorkerSpec, rank: int, size: int, port: int, parent_pid: 
     if spec.device_type == "cpu":  # the ranks share the host's cores: spinning thread pools would collide
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     tp: TPGroup | None = None
+    worker: Worker | None = None
     try:
         tp = init_tp_group(rank, size, port, rank_device(spec.device_type, rank, size))
-        Worker(spec, tp).serve()
+        worker = Worker(spec, tp)
+        worker.serve()
     except Exception:
         log.exception("tensor-parallel worker rank %d failed", rank)
         raise SystemExit(1) from None
     finally:
+        if worker is not None and worker.runner.graphs is not None:
+            worker.runner.graphs.release()  # before NCCL's teardown, which waits while they exist (rank 0 too)
         if tp is not None:
             destroy_tp_group(tp)
     log.info("tensor-parallel worker rank %d: shut down", rank)

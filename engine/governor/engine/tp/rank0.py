@@ -39,14 +39,21 @@ def start_workers(spec: WorkerSpec, size: int) -> tuple[TPGroup, WorkerProcesses
     return tp, workers
 
 
-def stop_workers(tp: TPGroup, workers: WorkerProcesses, stopped: threading.Event | None = None) -> None:
-    """Send the shutdown (when every worker can still take it), leave the groups as the workers do, and
-    wait for them to exit; then set `stopped`."""
+def stop_workers(tp: TPGroup, workers: WorkerProcesses, stopped: threading.Event | None = None,
+                 before_leaving: list[Callable[[], None]] | None = None) -> None:
+    """Send the shutdown (when every worker can still take it), run `before_leaving` (rank 0 frees its CUDA graphs
+    there, `CudaGraphs.release`), leave the groups as the workers do, and wait for them to exit; then set
+    `stopped`."""
     if workers.all_alive():
         try:
             broadcast_shutdown(tp)
         except Exception as e:  # a worker went away meanwhile (it failed as rank 0 did): the join ends the rest
             log.warning("could not send the shutdown to every tensor-parallel worker: %s", str(e).splitlines()[0])
+    for release in before_leaving or []:
+        try:
+            release()
+        except Exception as e:  # a GPU in a bad state: leave the groups all the same
+            log.warning("before leaving the tensor-parallel groups: %s", str(e).splitlines()[0])
     # Before the join: tearing NCCL down may wait for every rank to do it too.
     destroy_tp_group(tp)
     workers.join()
