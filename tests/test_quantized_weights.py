@@ -532,14 +532,44 @@ def test_an_unquantized_config_has_no_quantization(tiny_config, quantized) -> No
     assert load_model_config(oracle).quantization is None
 
 
-def test_tensor_parallelism_over_a_quantized_checkpoint_is_refused(quantized) -> None:
+# Two ranks (gloo): every format cut along each layer's split, group and block sizes that the tiny shapes keep whole
+# at TP 2 (the o_proj of llama has 64 input features, 32 a rank: AWQ's group of 64 would be split, so group 32 here).
+TP_CASES = {
+    "awq-llama": ("llama", Scheme("awq", 4, 32)),
+    "gptq4-sym": GPTQ_CASES["gptq4-sym"],  # row-parallel: the rank's groups, g_idx renumbered from 0
+    "gptq4-asym-act-order": GPTQ_CASES["gptq4-asym-act-order"],  # row-parallel: every group's zeros and scales
+    "gptq4-sym-act-order-one-group": GPTQ_CASES["gptq4-sym-act-order-one-group"],
+    "fp8-qwen3-32x64": FP8_CASES["qwen3-32x64"],  # scale rows and columns by whole blocks
+    "ct-channel": CT_CASES["channel-w8a8-bf16-scales"],  # row-parallel: every output feature's scale
+    "ct-tensor": CT_CASES["tensor-weight-only"],
+}
+
+
+@pytest.mark.parametrize("case", TP_CASES)
+def test_two_ranks_run_a_quantized_checkpoint_as_transformers_does(quantized, hf_model, case: str) -> None:
+    arch, scheme = TP_CASES[case]
+    packed, oracle = quantized(arch, scheme)
+    with LLM(str(packed), dtype="float32", tensor_parallel_size=2) as llm:
+        assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(3, seed=11))
+
+
+def test_two_ranks_quantize_at_load_as_one_does(online_fp8, hf_model) -> None:
+    """Online fp8 scales each output feature by its whole row, also where a rank holds half the row (o, down)."""
+    src, oracle = online_fp8("llama")
+    with LLM(str(src), dtype="float32", quantization="fp8", tensor_parallel_size=2) as llm:
+        assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(3, seed=12))
+
+
+def test_a_rank_share_that_splits_a_group_is_refused_naming_the_sizes(quantized) -> None:
     from governor.engine.attention import PagedAttention
     from governor.engine.models.llama import CausalLM
     from governor.engine.tp.group import TPGroup
+    from governor.engine.tp.sharding import shard_config
 
-    packed, _ = quantized("llama", AWQ)
-    cfg = load_model_config(packed)
-    with pytest.raises(UnsupportedModelError, match=r"runs on one rank \(tensor_parallel_size=1\)"):
+    packed, _ = quantized("llama", AWQ)  # group 64; o_proj's 64 input features are 32 a rank at TP 2
+    cfg = shard_config(load_model_config(packed), 2)
+    with pytest.raises(UnsupportedModelError, match=r"tensor_parallel_size=2 gives each rank 32 input features of "
+                                                    r"a awq layer, not a multiple of group_size \(64\)"):
         CausalLM(cfg, torch.float32, torch.device("cpu"), 64, PagedAttention("torch", 0.125), TPGroup(0, 2))
 
 

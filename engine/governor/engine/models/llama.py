@@ -31,7 +31,7 @@ from torch import nn
 
 from governor.engine.attention import AttentionMetadata, PagedAttention
 from governor.engine.models.checkpoint import LazyTensor
-from governor.engine.models.model_config import ModelConfig, RopeConfig, UnsupportedModelError
+from governor.engine.models.model_config import ModelConfig, RopeConfig
 from governor.engine.models.quantization import FP8_METHODS, PACKED_TENSORS, QuantizedLinear
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
@@ -45,11 +45,12 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
 
 
 def _weight(cfg: ModelConfig, out_parts: tuple[int, ...], in_features: int, dtype: torch.dtype,
-            device: torch.device) -> nn.Parameter | QuantizedLinear:
-    """A linear's weight [sum(out_parts), in_features]: dense, or packed when the checkpoint is pre-quantized."""
+            device: torch.device, tp: TPGroup, split: str) -> nn.Parameter | QuantizedLinear:
+    """A linear's weight [sum(out_parts), in_features] (this rank's share, cut along `split`: "out" or "in"): dense,
+    or packed when the checkpoint is pre-quantized."""
     if cfg.quantization is None:
         return _param(sum(out_parts), in_features, dtype=dtype, device=device)
-    return QuantizedLinear(cfg.quantization, in_features, out_parts, device)
+    return QuantizedLinear(cfg.quantization, in_features, out_parts, device, split, tp.rank, tp.size)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None,
@@ -118,17 +119,18 @@ class Rotary:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
-                 rotary: Rotary) -> None:
+                 tp: TPGroup, rotary: Rotary) -> None:
         super().__init__()
         self.rotary = rotary
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         # q, k and v projections fused into one matmul: rows [q | k | v].
-        self.qkv_weight = _weight(cfg, (self.q_size, self.kv_size, self.kv_size), cfg.hidden_size, dtype, device)
+        self.qkv_weight = _weight(cfg, (self.q_size, self.kv_size, self.kv_size), cfg.hidden_size, dtype, device,
+                                  tp, "out")
         self.qkv_bias = (_param(self.q_size + 2 * self.kv_size, dtype=dtype, device=device)
                          if cfg.attention_bias else None)
-        self.o_weight = _weight(cfg, (cfg.hidden_size,), self.q_size, dtype, device)
+        self.o_weight = _weight(cfg, (cfg.hidden_size,), self.q_size, dtype, device, tp, "in")
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, device) if cfg.qk_norm else None
         self.backend = backend
@@ -181,12 +183,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tp: TPGroup) -> None:
         super().__init__()
         self.intermediate = cfg.intermediate_size
         # gate and up projections fused: rows [gate | up].
-        self.gate_up_weight = _weight(cfg, (cfg.intermediate_size,) * 2, cfg.hidden_size, dtype, device)
-        self.down_weight = _weight(cfg, (cfg.hidden_size,), cfg.intermediate_size, dtype, device)
+        self.gate_up_weight = _weight(cfg, (cfg.intermediate_size,) * 2, cfg.hidden_size, dtype, device, tp, "out")
+        self.down_weight = _weight(cfg, (cfg.hidden_size,), cfg.intermediate_size, dtype, device, tp, "in")
 
     def forward(self, x: torch.Tensor, kernels: LaunchPolicy | None) -> torch.Tensor:
         """down_proj's output (under tensor parallelism this rank's partial sum)."""
@@ -202,12 +204,12 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, backend: PagedAttention,
-                 rotary: Rotary) -> None:
+                 tp: TPGroup, rotary: Rotary) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device, backend, rotary)
+        self.self_attn = Attention(cfg, dtype, device, backend, tp, rotary)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = MLP(cfg, dtype, device)
+        self.mlp = MLP(cfg, dtype, device, tp)
 
 
 # Checkpoint projection → (block, the fused weight it belongs to, its part of that weight's output features).
@@ -239,10 +241,6 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
                  backend: PagedAttention, tp: TPGroup = SINGLE) -> None:
         super().__init__()
-        if cfg.quantization is not None and tp.size > 1:
-            raise UnsupportedModelError(
-                f"tensor parallelism over a pre-quantized ({cfg.quantization.method}) checkpoint is not supported; "
-                f"it runs on one rank (tensor_parallel_size=1), tensor_parallel_size={tp.size} was asked for")
         self.cfg = cfg
         self.tp = tp
         # The Triton backend runs the fused elementwise kernels too (kernels.elementwise): one kernel for
@@ -257,7 +255,7 @@ class CausalLM(nn.Module):
         self.vocab_rows = -(-cfg.vocab_size // tp.size)
         self.vocab_start = tp.rank * self.vocab_rows
         self.embed_tokens = _param(self.vocab_rows, cfg.hidden_size, dtype=dtype, device=device)
-        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, self.rotary)
+        self.decoder_layers = [DecoderLayer(cfg, dtype, device, backend, tp, self.rotary)
                                for _ in range(cfg.num_layers)]
         self.layers = nn.ModuleList(self.decoder_layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
@@ -383,7 +381,7 @@ class CausalLM(nn.Module):
         attr, part = _PACKED_PARTS[sub][1:]
         module = self.get_submodule(f"layers.{m.group(1)}.{block}.{attr}")
         assert isinstance(module, QuantizedLinear)
-        module.load(part, m.group(4), tensor[:], hf_name)
+        module.load(part, m.group(4), module.read(m.group(4), tensor, hf_name), hf_name)
 
     def _load_vocab_rows(self, hf_name: str, tensor: LazyTensor, dest: torch.Tensor) -> None:
         """This rank's vocabulary rows of an embedding-shaped tensor [V, hidden]; rows past V are zeros."""

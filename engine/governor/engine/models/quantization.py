@@ -29,6 +29,15 @@ are the parts' tensors concatenated along it: columns of qweight and qzeros by w
 output count is a multiple of the packing), g_idx shared (the parts read the same input, so the quantizer gave
 them the same one; the loader checks it).
 
+Under tensor parallelism a rank holds its share of each layer, cut from the checkpoint's tensors as they are stored
+(`QuantizedLinear.read`): a column-parallel layer (q, k, v, gate, up) its output features, a row-parallel one (o,
+down) its input features, each tensor along the dimension that holds them (packed columns by whole int32s, fp8 scale
+rows and columns by whole blocks, AWQ/GPTQ groups by whole groups). What every rank needs whole is read whole: the
+per-output-feature and per-tensor scales of a row-parallel layer, and a GPTQ act-order layer's zeros and scales,
+whose groups are scattered over the input features (g_idx is cut, its group ids kept). Online fp8 quantizes each
+output feature over its whole row, then keeps the rank's columns, so every TP size holds the same codes and scales.
+A shard that would split a pack, a group or a block is refused at build time, naming the sizes.
+
 `QuantizedLinear.forward` is the reference path: it dequantizes the whole weight to the activation dtype on
 every call and runs a dense matmul (for fp8, weight-only: activations stay in the model dtype). It is correct on any
 device, and slow on a GPU (a full-size weight is rebuilt per call, and the fused bf16 GEMV is not used): quantized
@@ -40,7 +49,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from governor.engine.models.model_config import WeightQuantization
+from governor.engine.models.checkpoint import LazyTensor
+from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
 from governor.kernels.gemv import awq_gemv, awq_gemv_usable, fp8_gemv, fp8_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
 
@@ -80,24 +90,35 @@ class QuantizedLinear(nn.Module):
     Invariant: once `missing()` is empty, every tensor holds the checkpoint's values for every part."""
 
     def __init__(self, quant: WeightQuantization, in_features: int, out_parts: tuple[int, ...],
-                 device: torch.device) -> None:
+                 device: torch.device, split: str | None = None, rank: int = 0, size: int = 1) -> None:
+        """`in_features` and `out_parts` are this rank's; under tensor parallelism (`size` > 1) `split` says which
+        of them the rank holds 1/size of: "out" (column-parallel) or "in" (row-parallel)."""
         super().__init__()
         self.method, self.bits = quant.method, quant.bits
         self.in_features, self.out_parts = in_features, out_parts
         self.out_features = out = sum(out_parts)
+        self.split, self.rank, self.size = (split, rank, size) if size > 1 else (None, 0, 1)
+        self.desc_act = quant.desc_act
         self._loaded: set[tuple[int, str]] = set()
+        self._check_shard(quant)
         if quant.method in FP8_METHODS:
             self.online, self.per_tensor = quant.online, quant.per_tensor
             self.tensor_names = CT_TENSORS if quant.method == "compressed-tensors" else FP8_TENSORS
             # Per output feature (online fp8) when there are no blocks: blocks of one row spanning every input.
             self.block_size = bn, bk = quant.block_size or (1, in_features)
+            self.blocked = quant.block_size is not None
             self.weight = nn.Parameter(torch.zeros(out, in_features, dtype=FP8_DTYPE, device=device),
                                        requires_grad=False)
             self.weight_scale_inv = nn.Parameter(torch.zeros(-(-out // bn), -(-in_features // bk),
                                                              dtype=torch.float32, device=device), requires_grad=False)
             return
-        self.group_size = in_features if quant.group_size == -1 else quant.group_size
-        groups = in_features // self.group_size
+        full_in = in_features * (self.size if self.split == "in" else 1)
+        self.group_size = full_in if quant.group_size == -1 else quant.group_size
+        # A layer cut along its inputs keeps every group when its groups are not contiguous runs of them: act-order
+        # (features scattered over the groups) or one group over all inputs (group_size -1).
+        self.replicated_groups = self.split == "in" and ((quant.method == "gptq" and quant.desc_act)
+                                                         or quant.group_size == -1)
+        groups = in_features * (self.size if self.replicated_groups else 1) // self.group_size
         self.pack = 32 // quant.bits
         p = self.pack
         qweight_shape = (in_features, out // p) if self.method == "awq" else (in_features // p, out)
@@ -112,6 +133,64 @@ class QuantizedLinear(nn.Module):
         self.g_idx = tensor(in_features, dtype=torch.int32)
         self.g_idx.data.copy_(torch.arange(in_features, device=device) // self.group_size)
         self._g_idx_required = quant.method == "gptq" and quant.desc_act
+
+    def _check_shard(self, quant: WeightQuantization) -> None:
+        """UnsupportedModelError when this rank's share would split a pack of codes, a group or an fp8 block."""
+        if self.split is None:
+            return
+        if quant.method in FP8_METHODS:
+            bn, bk = quant.block_size or (1, 0)
+            units = [("output features of a part", min(self.out_parts), bn, "an fp8 weight block's rows")]
+            if self.split == "in" and bk:
+                units.append(("input features", self.in_features, bk, "an fp8 weight block's columns"))
+        else:
+            pack = 32 // quant.bits
+            units = [("output features of a part", min(self.out_parts), pack, f"the {quant.bits}-bit packing")]
+            if self.split == "in" and quant.method == "gptq":  # GPTQ packs codes along the input features
+                units.append(("input features", self.in_features, pack, f"the {quant.bits}-bit packing"))
+            if self.split == "in" and quant.group_size != -1 and not (quant.method == "gptq" and quant.desc_act):
+                units.append(("input features", self.in_features, quant.group_size, "group_size"))
+        for what, count, unit, name in units:
+            if count % unit:
+                raise UnsupportedModelError(
+                    f"tensor_parallel_size={self.size} gives each rank {count} {what} of a {quant.method} layer, not "
+                    f"a multiple of {name} ({unit}); a rank must hold whole packs, groups and blocks: choose a size "
+                    "that keeps them whole")
+
+    def _split_dim(self, name: str) -> int | None:
+        """The dimension along which tensor `name` is cut among the ranks; None: every rank reads all of it."""
+        if self.split is None:
+            return None
+        out = self.split == "out"
+        if self.method in FP8_METHODS:
+            if self.online:
+                return 0 if out else None  # a row-parallel layer's rows are quantized whole, then cut (_quantize_rows)
+            if name == "weight":
+                return 0 if out else 1
+            if self.per_tensor:
+                return None
+            return 0 if out else (1 if self.blocked else None)  # per-output-feature scales: every rank needs all
+        if name == "g_idx":
+            return None if out else 0
+        if name == "qweight":
+            return 1 if out else 0
+        if not out and self.replicated_groups:
+            return None
+        return 1 if out else 0
+
+    def read(self, name: str, tensor: LazyTensor, source: str) -> torch.Tensor:
+        """This rank's share of checkpoint tensor `name` (all of it with one rank, or where every rank needs it)."""
+        dim = self._split_dim(name)
+        shape = tensor.get_shape()
+        if dim is None:
+            return tensor[:]
+        if dim >= len(shape) or shape[dim] % self.size:
+            raise ValueError(f"tensor {source!r} has shape {tuple(shape)}: its dimension {dim} does not split into "
+                             f"tensor_parallel_size={self.size} equal shares")
+        step = shape[dim] // self.size
+        index: list[slice] = [slice(None)] * len(shape)
+        index[dim] = slice(self.rank * step, (self.rank + 1) * step)
+        return tensor[tuple(index)]
 
     def _load_fp8(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
         """One part's rows of `weight` (e4m3) or of its scale (`weight_scale_inv`, float32; compressed-tensors'
@@ -154,11 +233,14 @@ class QuantizedLinear(nn.Module):
         if not dense.is_floating_point() or dense.dtype == FP8_DTYPE:
             raise ValueError(f"tensor {source!r} is {dense.dtype}: quantization='fp8' quantizes a checkpoint's "
                              "float16, bfloat16 or float32 weights at load")
-        if tuple(dense.shape) != (width, self.in_features):
-            raise ValueError(f"tensor {source!r} has shape {tuple(dense.shape)}, expected ({width}, "
-                             f"{self.in_features}) from config.json")
+        full_in = self.in_features * (self.size if self.split == "in" else 1)
+        if tuple(dense.shape) != (width, full_in):
+            raise ValueError(f"tensor {source!r} has shape {tuple(dense.shape)}, expected ({width}, {full_in}) from "
+                             "config.json")
         w = dense.to(self.weight.device, torch.float32)
         scale = (w.abs().amax(dim=1) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+        if self.split == "in":  # the scale is the whole row's, the codes this rank's columns
+            w = w[:, self.rank * self.in_features:(self.rank + 1) * self.in_features]
         self.weight.data[start:start + width] = (w / scale[:, None]).to(FP8_DTYPE)
         self.weight_scale_inv.data[start:start + width, 0] = scale
         self._loaded.update({(part, "weight"), (part, "weight_scale_inv")})
@@ -185,11 +267,13 @@ class QuantizedLinear(nn.Module):
             if tuple(tensor.shape) != (self.in_features,):
                 raise ValueError(f"tensor {source!r} has shape {tuple(tensor.shape)}, expected "
                                  f"({self.in_features},) from config.json")
+            if self.split == "in" and not self.replicated_groups:  # this rank's groups are numbered from 0 here
+                tensor = tensor - self.rank * (self.in_features // self.group_size)
             if any(n == "g_idx" for _, n in self._loaded) and not torch.equal(
                     self.g_idx.data, tensor.to(self.g_idx.device, torch.int32)):
                 raise ValueError(f"tensor {source!r} differs from the g_idx of the projections it is fused with; "
                                  "fused projections (q/k/v, gate/up) must share one g_idx")
-            groups = self.in_features // self.group_size
+            groups = self.scales.shape[0]
             if tensor.numel() and not (int(tensor.min()) >= 0 and int(tensor.max()) < groups):
                 raise ValueError(f"tensor {source!r} names groups outside 0..{groups - 1} (group_size "
                                  f"{self.group_size} of {self.in_features} input features, from config.json)")
