@@ -36,6 +36,7 @@ FULL: dict[str, Any] = {
         "resources": {"gpus": 2, "memory": "64Gi", "cpu": 8},
         "dtype": "bfloat16",
         "kvCacheDtype": "fp8",
+        "quantization": "fp8",
         "prefixCaching": False,
         "speculative": {"method": "draft_model", "draftModel": "hf://meta-llama/Llama-3.2-1B",
                         "numSpeculativeTokens": 4},

@@ -123,7 +123,7 @@ def test_deployment_selects_its_revision_and_service_selects_every_revision() ->
 
 
 def test_engine_args_carry_the_static_configuration() -> None:
-    objs = children(spec_of(MINIMAL, dtype="bfloat16", kvCacheDtype="fp8", maxModelLen=4096))
+    objs = children(spec_of(MINIMAL, dtype="bfloat16", kvCacheDtype="fp8", maxModelLen=4096, quantization="fp8"))
     args = expanded_args(objs)
     rev = objs["ConfigMap"]["data"]["revision"]
     assert engine_of(objs)["command"] == ["governor", "serve"]
@@ -136,6 +136,7 @@ def test_engine_args_carry_the_static_configuration() -> None:
     assert flag(args, "--dtype") == "bfloat16"
     assert flag(args, "--kv-cache-dtype") == "fp8"
     assert flag(args, "--max-model-len") == "4096"
+    assert flag(args, "--quantization") == "fp8"
     assert flag(args, "--tensor-parallel-size") == "1"
     assert "--enable-prefix-caching" in args
     assert "--speculative-config" not in args
@@ -160,12 +161,19 @@ def test_every_rendered_flag_parses_with_the_engine_serve_parser() -> None:
     assert ns.device is None  # on GPU the engine picks the device itself
 
 
+def test_the_quantization_flag_parses_with_the_engine_serve_parser() -> None:
+    raw = with_model(uri="pvc://models/llama-8b-fp8")
+    raw["engine"].update(quantization="compressed-tensors")
+    assert serve_args(children(spec_of(raw))).quantization == "compressed-tensors"
+    assert serve_args(children(spec_of(with_model(uri="pvc://models/llama-8b")))).quantization is None
+
+
 def test_the_operator_s_flags_are_exactly_those_extra_args_may_not_set() -> None:
     """Every flag the operator renders, over specs that between them render each one, is refused in extraArgs;
     every refused flag is rendered, or stands for what the operator sets another way (--model: the positional
     model argument; --namespace: GOVERNOR_NAMESPACE); all but --model are serve flags."""
     rendered: set[str] = set()
-    for engine in ({"resources": {"gpus": 0}, "maxModelLen": 2048, "prefixCaching": False,
+    for engine in ({"resources": {"gpus": 0}, "maxModelLen": 2048, "prefixCaching": False, "quantization": "fp8",
                     "speculative": {"method": "ngram", "numSpeculativeTokens": 4}}, {}):
         raw = with_model(uri="pvc://models/llama-8b", servedName="llama")
         raw["engine"].update(engine)

@@ -223,6 +223,11 @@ class EngineSpec(Kube):
         default="auto", description="Weight and activation dtype ('auto': the checkpoint's).")
     kv_cache_dtype: Literal["auto", "fp8"] = Field(default="auto", description=(
         "KV cache element type: 'auto' (the model dtype) or 'fp8' (e4m3 with scales; twice the KV capacity)."))
+    quantization: Literal["fp8", "awq", "gptq", "compressed-tensors"] | None = Field(default=None, description=(
+        "Weight quantization. Unset: the checkpoint's own (its config.json's quantization_config, or none). 'fp8' "
+        "on an unquantized checkpoint quantizes it at load; naming the checkpoint's own method checks it. The "
+        "operator cannot see the checkpoint or the GPU: a method the checkpoint does not have fails the engine at "
+        "load, with an error naming both."))
     prefix_caching: bool = Field(default=True, description="Reuse cached KV of shared prompt prefixes.")
     speculative: Speculative | None = Field(default=None, description="Speculative decoding (off when absent).")
     max_model_len: int | None = Field(default=None, ge=16, description="Longest context (prompt + output) in "

@@ -38,6 +38,7 @@ OPERATOR_FLAGS: dict[str, str] = {
     "--tensor-parallel-size": "spec.engine.tensorParallelSize",
     "--device": "spec.engine.resources.gpus",
     "--max-model-len": "spec.engine.maxModelLen",
+    "--quantization": "spec.engine.quantization",
     "--speculative-config": "spec.engine.speculative",
     # Each knob's starting value, and the hard cap of those with one (K's is speculative.numSpeculativeTokens).
     **{"--" + knob.replace("_", "-"): f"spec.engine.knobs.{to_camel(knob)}" for knob in contract.KNOB_NAMES},

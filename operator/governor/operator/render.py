@@ -211,6 +211,8 @@ def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: M
         args += ["--device", "cpu"]  # "auto" would take a GPU the pod did not ask for, if one is visible
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
+    if engine.quantization is not None:
+        args += ["--quantization", engine.quantization]
     if engine.speculative is not None:
         config: dict[str, Any] = {"method": engine.speculative.method,
                                   "num_speculative_tokens": engine.speculative.num_speculative_tokens}
