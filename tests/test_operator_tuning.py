@@ -400,6 +400,8 @@ def test_the_operator_s_tuner_raises_max_num_seqs_under_load_and_records_it(
         assert (first["knob"], first["from"], first["reason"], first["revision"]) == ("max_num_seqs", 1, "Queueing",
                                                                                       revision)
         assert first["to"] > 1 and tuning["knobs"]["max_num_seqs"] == first["to"]
+        assert first["envelope"] == {"dtype": "auto", "kvCacheDtype": "auto", "quantization": "auto",
+                                     "tensorParallelSize": "1"}  # the engine set-up, from the spec
         assert tuning["baseline"]["max_num_seqs"] == 1
         assert tuning["state"]["frozen"] is False and tuning["state"]["revision"] == revision
         knobs = httpx.get(f"{server.url}{contract.ADMIN_KNOBS_PATH}", headers={"Authorization": f"Bearer {TOKEN}"},

@@ -514,6 +514,7 @@ def test_engine_info_identifies_model_and_tokenizer(server: Server) -> None:
     assert labels["served_model_name"] == MODEL
     assert labels["model_digest"].startswith("sha256:") and labels["tokenizer_digest"].startswith("sha256:")
     assert labels["kv_cache_dtype"] == "float32"
+    assert labels["quantization"] == "none"  # the test model's weights are unquantized
 
 
 def test_every_contract_metric_is_exported_and_documented(server: Server) -> None:

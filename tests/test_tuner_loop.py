@@ -218,8 +218,9 @@ def test_records_are_json_lines_matching_the_published_schema(tmp_path: Path) ->
     records = [json.loads(line) for line in lines]
     assert [r["outcome"] for r in records] == ["applied", "rolled_back"]
     assert set(records[0]) == {"id", "time", "service", "revision", "knob", "from", "to", "reason", "evidence",
-                               "outcome", "detail"}
+                               "outcome", "detail", "envelope"}
     assert records[0]["time"] == "1970-01-01T00:01:30Z"
+    assert records[0]["envelope"] == {}  # this tuner was given no engine set-up
     for r in records:
         DecisionRecord.model_validate(r)
 

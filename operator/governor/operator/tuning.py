@@ -98,6 +98,7 @@ class TuningConfig:
     hysteresis: float
     prometheus_url: str
     scrape_interval_s: float
+    envelope: tuple[tuple[str, str], ...] = ()  # the engine set-up every decision record carries
 
     @property
     def window_s(self) -> float:
@@ -176,7 +177,15 @@ def tuning_config(name: str, namespace: str, spec: InferenceServiceSpec, status:
         slo=spec.slo.targets(), bounds=tuple((k, lo, hi) for k, (lo, hi) in sorted(bounds.items())),
         interval_s=duration_seconds(spec.autotune.interval), cooldown_s=duration_seconds(spec.autotune.cooldown),
         hysteresis=spec.autotune.hysteresis, prometheus_url=env[PROMETHEUS_URL_ENV],
-        scrape_interval_s=float(env.get(SCRAPE_INTERVAL_ENV, DEFAULT_SCRAPE_INTERVAL_S)))
+        scrape_interval_s=float(env.get(SCRAPE_INTERVAL_ENV, DEFAULT_SCRAPE_INTERVAL_S)),
+        envelope=engine_envelope(spec))
+
+
+def engine_envelope(spec: InferenceServiceSpec) -> tuple[tuple[str, str], ...]:
+    """The engine set-up a decision is made under, as the spec states it (`DecisionRecord.envelope`)."""
+    engine = spec.engine
+    return (("dtype", engine.dtype), ("kvCacheDtype", engine.kv_cache_dtype),
+            ("quantization", engine.quantization or "auto"), ("tensorParallelSize", str(engine.tensor_parallel_size)))
 
 
 def prometheus_source(config: TuningConfig) -> SignalSource:
@@ -192,7 +201,7 @@ def build_tuner(config: TuningConfig, source: SignalSource, actuator: Actuator, 
                             hysteresis=config.hysteresis, cooldown_s=config.cooldown_s,
                             scrape_interval_s=config.interval_s, window=duration(config.window_s))
     return Tuner(config.service, config.revision, controller, source, actuator, sink,
-                 TunerSettings(interval_s=config.interval_s))
+                 TunerSettings(interval_s=config.interval_s), dict(config.envelope))
 
 
 # --- actuation ----------------------------------------------------------------------------------------

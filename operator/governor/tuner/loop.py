@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Protocol
@@ -145,9 +145,11 @@ class Tuner:
     """
 
     def __init__(self, service: str, revision: str, controller: Controller, source: SignalSource,
-                 actuator: Actuator, sink: RecordSink, settings: TunerSettings | None = None) -> None:
+                 actuator: Actuator, sink: RecordSink, settings: TunerSettings | None = None,
+                 envelope: Mapping[str, str] | None = None) -> None:
         self.service = service
         self.revision = revision
+        self.envelope = dict(envelope or {})  # every record carries it (DecisionRecord.envelope)
         self.controller = controller
         self.source = source
         self.actuator = actuator
@@ -218,7 +220,8 @@ class Tuner:
                 evidence: list[EvidenceRecord], outcome: Outcome, detail: str = "") -> None:
         self._emit(DecisionRecord.model_validate({
             "id": id_, "time": _stamp(now), "service": self.service, "revision": self.revision, "knob": knob,
-            "from": from_, "to": to, "reason": reason, "evidence": evidence, "outcome": outcome, "detail": detail}))
+            "from": from_, "to": to, "reason": reason, "evidence": evidence, "outcome": outcome, "detail": detail,
+            "envelope": self.envelope}))
 
     def _freeze(self, signals: Signals, now: float) -> None:
         # The first window of a run has no history to be stale against (the embedded source needs two

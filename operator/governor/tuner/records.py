@@ -61,6 +61,10 @@ class DecisionRecord(BaseModel):
     evidence: list[EvidenceRecord]
     outcome: Outcome
     detail: str = Field(default="", description="Per-engine actuation results, the regressed metrics, etc.")
+    envelope: dict[str, str] = Field(default_factory=dict, description=(
+        "The engine set-up the decision was made under, as the InferenceService states it: dtype, kvCacheDtype, "
+        "quantization ('auto': the checkpoint's own) and tensorParallelSize. A knob value that pays under one "
+        "set-up may not under another. Empty when the tuner was not told (a standalone `governor tune run`)."))
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json", by_alias=True), separators=(",", ":"))

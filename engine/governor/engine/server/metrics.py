@@ -108,7 +108,7 @@ class EngineMetrics:
         self.spec_by_position = counter(c.SPEC_ACCEPTED_BY_POSITION,
                                         "Draft tokens accepted at each draft position (1 = first).", ("position",))
         self.knob = gauge(c.KNOB, "Effective value of each live engine knob.", ("name",))
-        self._info_labels = ("model_digest", "tokenizer_digest", "served_model_name", "kv_cache_dtype")
+        self._info_labels = ("model_digest", "tokenizer_digest", "served_model_name", "kv_cache_dtype", "quantization")
         self.info = Gauge(c.ENGINE_INFO, "Engine identity (value is always 1; present once the model is loaded).",
                           [*labelnames, *self._info_labels], registry=r)
         for reason in _FINISH_REASONS:  # expose zeros so rate() works from the first scrape
@@ -136,7 +136,8 @@ class EngineMetrics:
         self._first_token_at: dict[str, float] = {}
 
     def set_info(self, info: dict[str, str]) -> None:
-        """Publish the loaded engine's identity: model and tokenizer digests, served name, KV dtype."""
+        """Publish the loaded engine's identity: model and tokenizer digests, served name, KV dtype, weight
+        quantization."""
         self.info.labels(**self.labels, **{k: info[k] for k in self._info_labels}).set(1)
 
     def observe_stats(self, stats: dict[str, Any]) -> None:

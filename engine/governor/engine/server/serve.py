@@ -132,7 +132,9 @@ def serve(config: EngineConfig, options: ServeOptions) -> int:
             freeze_startup_objects()
             metrics.set_info({"model_digest": engine.model_digest, "tokenizer_digest": engine.tokenizer_digest,
                               "served_model_name": name,
-                              "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch.")})
+                              "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch."),
+                              "quantization": engine.model_config.quantization.method
+                              if engine.model_config.quantization is not None else "none"})
             try:  # the grammar compiler's vocabulary tables (~2 s at 128k tokens), now rather than at a first request
                 engine.structured_outputs()
             except Exception:  # structured requests will get the error as a 400; nothing else needs it
