@@ -89,6 +89,15 @@ def hf_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
 
 
 @pytest.fixture(scope="session")
+def trained_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~4M-parameter Llama trained for about a minute on the standard library's sources (tests/trained_model.py):
+    peaked logits, for accuracy tests. Built once per session."""
+    from tests.trained_model import train_llama
+
+    return train_llama(tmp_path_factory.mktemp("trained-llama"))
+
+
+@pytest.fixture(scope="session")
 def hf_model() -> Callable[[Path], Any]:
     """`hf_model(dir)` → the transformers model (fp32, eval) loaded from a checkpoint directory, cached."""
     import transformers

@@ -1,4 +1,5 @@
-"""fp8 (e4m3) KV cache: twice the blocks of bf16 for the same memory, bounded accuracy loss."""
+"""fp8 (e4m3) KV cache: twice the blocks of bf16 for the same memory, per-head scales, generation with preemption.
+Its accuracy against bf16 is measured on a trained model in tests/test_fp8_accuracy.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from governor.engine import LLM
 from tests.conftest import build_hf_checkpoint
-from tests.test_engine_parity import engine_prompt_logits, greedy, mixed_prompts
+from tests.test_engine_parity import greedy, mixed_prompts
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +38,6 @@ def test_scales_are_per_layer_and_kv_head_and_deterministic(unscaled_qwen3: Path
             assert sa is not None and sb is not None
             assert sa.shape == (heads,) and bool((sa > 0).all())
             assert torch.equal(sa, sb)
-
-
-def test_fp8_logits_stay_within_the_measured_bound(unscaled_qwen3: Path) -> None:
-    """Teacher-forced over 8 prompts of 60–120 tokens against the model-dtype KV engine (fp32):
-    measured top-1 agreement 0.959 and mean KL 7.1e-6; asserted with margin."""
-    ref = LLM(str(unscaled_qwen3), dtype="float32", kv_cache_memory_bytes=2**22)
-    fp8 = LLM(str(unscaled_qwen3), dtype="float32", kv_cache_memory_bytes=2**22, kv_cache_dtype="fp8")
-    agree = total = 0
-    kls = []
-    for prompt in mixed_prompts(8, seed=5, lo=60, hi=120):
-        a, b = engine_prompt_logits(ref, prompt, 64), engine_prompt_logits(fp8, prompt, 64)
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        total += a.shape[0]
-        pa, pb = a.log_softmax(-1), b.log_softmax(-1)
-        kls.append(float((pa.exp() * (pa - pb)).sum(-1).mean()))
-    assert agree / total >= 0.93
-    assert sum(kls) / len(kls) <= 5e-5
 
 
 def test_fp8_generation_frees_every_block_and_runs_with_preemption(unscaled_qwen3: Path) -> None:

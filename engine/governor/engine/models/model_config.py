@@ -46,6 +46,9 @@ class WeightQuantization:
     online: bool = False
     # compressed-tensors: one scale per projection (q, k and v each have theirs), not per output feature
     per_tensor: bool = False
+    # fp8 W8A8: the input features sharing one dynamic activation scale per token (block-scaled fp8: a block's
+    # columns), 0 for one scale per token, None when the checkpoint keeps activations in the model dtype
+    activation_group: int | None = None
     # GPTQ's `sym` needs no field: a symmetric checkpoint stores its (constant) zero points like any other.
 
 
@@ -188,7 +191,7 @@ def _fp8_quantization(qc: dict[str, Any], linear_shapes: dict[str, tuple[int, in
             raise _unsupported_quantization(f"fp8 weight_block_size={list(block)} with {name}'s {out_f} output "
                                             f"features, not a multiple of {rows} (fused projections stack their "
                                             "scale rows)")
-    return WeightQuantization("fp8", 8, -1, block_size=(rows, int(block[1])))
+    return WeightQuantization("fp8", 8, -1, block_size=(rows, int(block[1])), activation_group=int(block[1]))
 
 
 def _compressed_tensors_quantization(qc: dict[str, Any], linear_shapes: dict[str, tuple[int, int]]
@@ -225,9 +228,10 @@ def _compressed_tensors_quantization(qc: dict[str, Any], linear_shapes: dict[str
     if strategy not in ("channel", "tensor", "block"):
         raise _unsupported_quantization(f"compressed-tensors weight strategy {strategy!r} (channel, tensor, block)")
     act = scheme.input_activations
-    if act is not None and not (act.dynamic is True and act.num_bits == 8 and str(act.type) == "float"):
-        raise _unsupported_quantization("compressed-tensors input activations other than dynamic 8-bit float "
-                                        f"(static scales: dynamic {act.dynamic})")
+    if act is not None and not (act.dynamic is True and act.num_bits == 8 and str(act.type) == "float"
+                                and str(act.strategy) == "token"):
+        raise _unsupported_quantization("compressed-tensors input activations other than dynamic 8-bit float per "
+                                        f"token (dynamic {act.dynamic}, strategy {act.strategy})")
     if scheme.output_activations is not None:
         raise _unsupported_quantization("compressed-tensors output activation quantization")
     block = None
@@ -240,10 +244,11 @@ def _compressed_tensors_quantization(qc: dict[str, Any], linear_shapes: dict[str
             if out_f % block[0]:
                 raise _unsupported_quantization(f"compressed-tensors block_structure {list(bs)} with {name}'s "
                                                 f"{out_f} output features, not a multiple of {block[0]}")
-    return WeightQuantization("compressed-tensors", 8, -1, block_size=block, per_tensor=strategy == "tensor")
+    return WeightQuantization("compressed-tensors", 8, -1, block_size=block, per_tensor=strategy == "tensor",
+                              activation_group=None if act is None else 0)
 
 
-ONLINE_FP8 = WeightQuantization("fp8", 8, -1, online=True)
+ONLINE_FP8 = WeightQuantization("fp8", 8, -1, online=True, activation_group=0)
 
 
 def with_quantization(cfg: ModelConfig, asked: str | None) -> ModelConfig:

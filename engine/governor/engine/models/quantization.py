@@ -39,7 +39,8 @@ output feature over its whole row, then keeps the rank's columns, so every TP si
 A shard that would split a pack, a group or a block is refused at build time, naming the sizes.
 
 `QuantizedLinear.forward` is the reference path: it dequantizes the whole weight to the activation dtype on
-every call and runs a dense matmul (for fp8, weight-only: activations stay in the model dtype). It is correct on any
+every call and runs a dense matmul (for fp8, weight-only: activations stay in the model dtype; W8A8's activation
+rounding, `quantize_activations_ref`, is applied only where a test asks for it, to measure its accuracy). It is correct on any
 device, and slow on a GPU (a full-size weight is rebuilt per call, and the fused bf16 GEMV is not used): quantized
 kernels are not built yet.
 """
@@ -74,6 +75,19 @@ def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return codes.flatten(dim, dim + 1)
 
 
+def quantize_activations_ref(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x rounded through e4m3 as fp8 W8A8 quantizes a matmul's input: a dynamic scale per token (`group` 0) or per
+    `group` consecutive features of a token (the last group may be ragged), each the slice's largest magnitude over
+    448, in fp32. Returns the dequantized values in x's dtype: the activations a W8A8 product multiplies."""
+    n = x.shape[-1]
+    g = group or n
+    padded = -(-n // g) * g
+    xf = nn.functional.pad(x.float(), (0, padded - n)).reshape(*x.shape[:-1], padded // g, g)
+    scale = (xf.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (xf / scale).to(FP8_DTYPE).float() * scale
+    return q.reshape(*x.shape[:-1], padded)[..., :n].to(x.dtype)
+
+
 def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     """AWQ GEMM int32s [rows, cols/8] → 4-bit codes [rows, cols] in column order."""
     nibbles = unpack_int32(packed, 4, dim=-1).view(*packed.shape, 2, 4)
@@ -103,6 +117,11 @@ class QuantizedLinear(nn.Module):
         self._check_shard(quant)
         if quant.method in FP8_METHODS:
             self.online, self.per_tensor = quant.online, quant.per_tensor
+            # W8A8: the checkpoint's activation scaling (None: weight-only). No W8A8 kernel runs yet: a layer
+            # quantizes its input (`quantize_activations_ref`) only when `quantize_activations` is set, which the
+            # accuracy tests do to measure what W8A8 costs.
+            self.activation_group = quant.activation_group
+            self.quantize_activations = False
             self.tensor_names = CT_TENSORS if quant.method == "compressed-tensors" else FP8_TENSORS
             # Per output feature (online fp8) when there are no blocks: blocks of one row spanning every input.
             self.block_size = bn, bk = quant.block_size or (1, in_features)
@@ -321,7 +340,9 @@ class QuantizedLinear(nn.Module):
         """x @ W.T (+ bias) in x's dtype. On the fused path (`kernels`: its launch policy) a one-row step of an fp8
         or AWQ layer streams its packed bytes through `fp8_gemv` / `awq_gemv`; otherwise W is dequantized on every
         call (the reference path; slow on a GPU)."""
-        if kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
+        if self.method in FP8_METHODS and self.quantize_activations and self.activation_group is not None:
+            x = quantize_activations_ref(x, self.activation_group)
+        elif kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
             return fp8_gemv(x, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
         if kernels is not None and self.method == "awq" and awq_gemv_usable(x, self.qweight):
             return awq_gemv(x, self.qweight, self.qzeros, self.scales, self.group_size, bias, policy=kernels)
