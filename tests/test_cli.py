@@ -96,6 +96,22 @@ def test_bench_kv_compares_fp8_with_model_dtype(tiny_model: Path, tmp_path: Path
     assert r["accuracy"]["positions"] == 16 and 0.0 <= r["accuracy"]["top1_agreement"] <= 1.0
 
 
+def test_bench_kv_reports_the_weights_and_kv_blocks_of_each_weight_format(tiny_model: Path, tmp_path: Path) -> None:
+    """fp8 weights against dense fp32 ones. On CPU the cache is the fixed --kv-cache-memory-bytes, so only the weights
+    shrink; on a GPU the cache takes the memory they free (gpu_memory_utilization)."""
+    out = tmp_path / "kv.json"
+    proc = run("bench", "kv", "--model", str(tiny_model), "--context", "64", "--batches", "2", "--new-tokens", "4",
+               "--accuracy-tokens", "8", "--dtype", "float32", "--kv-cache-memory-bytes", "2000000",
+               "--weights", "none,fp8", "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    w = json.loads(out.read_text())["result"]["weights"]
+    assert set(w) == {"none/model_dtype", "none/fp8", "fp8/model_dtype", "fp8/fp8"}
+    dense, fp8 = w["none/model_dtype"]["weight_bytes"], w["fp8/model_dtype"]["weight_bytes"]
+    assert fp8 < dense  # decoder linears at 1 byte (+ a scale per row) instead of 4
+    assert w["fp8/fp8"]["kv_blocks_total"] == 4 * w["fp8/model_dtype"]["kv_blocks_total"]
+    assert "MiB of weights" in proc.stdout
+
+
 def test_bench_spec_sweeps_k_per_batch_and_reports_acceptance(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     proc = run("bench", "spec", "--model", str(tiny_model), "--batches", "1,2", "--ks", "1,2", "--input-len", "8",

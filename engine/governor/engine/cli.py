@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("--new-tokens", type=int, default=64)
     kv.add_argument("--accuracy-prompt-len", type=int, default=64)
     kv.add_argument("--accuracy-tokens", type=int, default=256)
+    kv.add_argument("--weights", default=None,
+                    help="comma-separated weight formats whose KV capacity to compare, e.g. none,fp8 (none: the "
+                         "checkpoint's dense weights; else a --quantization method)")
     kv.add_argument("--output-json", default=None)
     _add_engine_args(kv)
 
@@ -316,7 +319,11 @@ def _run(args: argparse.Namespace) -> int:
         else:
             result = bench_cache.bench_kv(args.model, _engine_args(args), args.context,
                                           [int(b) for b in args.batches.split(",")], args.new_tokens,
-                                          args.accuracy_prompt_len, args.accuracy_tokens)
+                                          args.accuracy_prompt_len, args.accuracy_tokens,
+                                          weights=args.weights.split(",") if args.weights else None)
+            for name, w in result.get("weights", {}).items():
+                print(f"weights {name}: {w['weight_bytes'] / 2**20:.1f} MiB of weights, {w['kv_blocks_total']} KV "
+                      f"blocks, {w['max_concurrent_at_context']} sequences of {args.context} tokens")
             for name, row in result["variants"].items():
                 print(f"{name} ({row['kv_dtype']}): {row['kv_blocks_total']} blocks, "
                       f"{row['max_concurrent_at_context']} sequences of {args.context} tokens; decode " +

@@ -124,9 +124,41 @@ def _decode_throughput(llm: LLM, batch: int, context: int, new_tokens: int, seed
             "decode_tokens": decoded, "decode_s": decode_s, "decode_tok_s": decoded / decode_s}
 
 
+def weight_bytes(llm: LLM) -> int:
+    """Bytes of this rank's model parameters (packed quantized tensors as stored; a tied embedding once)."""
+    return sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+
+
+def kv_capacity_by_weights(model: str, engine_args: dict[str, Any], context: int,
+                           weights: list[str]) -> dict[str, Any]:
+    """What smaller weights give the KV cache: for each weight format (`none`: the checkpoint's dense weights, or a
+    `quantization` method) and each KV dtype, the weights' bytes and the KV blocks the engine sizes in what memory is
+    left (on a GPU: `gpu_memory_utilization` of it, less the weights and activations; `kv_cache_memory_bytes`, when
+    given, fixes the cache instead, and then only the weights change)."""
+    rows: dict[str, Any] = {}
+    for fmt in weights:
+        for kv in ("auto", "fp8"):
+            llm = LLM(model, **{**engine_args, "kv_cache_dtype": kv, "quantization": None if fmt == "none" else fmt})
+            eng = llm.engine
+            rows[f"{fmt}/{'model_dtype' if kv == 'auto' else 'fp8'}"] = {
+                "weights": fmt, "kv_dtype": str(eng.kv_dtype), "weight_bytes": weight_bytes(llm),
+                "kv_blocks_total": eng.num_blocks,
+                "max_concurrent_at_context": eng.num_blocks * eng.block_size // context}
+            llm.close()
+            del llm, eng
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return rows
+
+
 def bench_kv(model: str, engine_args: dict[str, Any], context: int, batches: list[int], new_tokens: int,
-             accuracy_prompt_len: int, accuracy_tokens: int, seed: int = 0) -> dict[str, Any]:
+             accuracy_prompt_len: int, accuracy_tokens: int, seed: int = 0,
+             weights: list[str] | None = None) -> dict[str, Any]:
+    """fp8 against model-dtype KV for the engine `engine_args` describe: capacity, decode throughput, agreement; with
+    `weights` (e.g. ["none", "fp8"]), also the KV capacity of each weight format (`kv_capacity_by_weights`)."""
     out: dict[str, Any] = {"context": context, "variants": {}}
+    if weights:
+        out["weights"] = kv_capacity_by_weights(model, engine_args, context, weights)
     logits: dict[str, torch.Tensor] = {}
     sequence: list[int] | None = None
     for name, kv in (("model_dtype", "auto"), ("fp8", "fp8")):

@@ -40,9 +40,9 @@ A shard that would split a pack, a group or a block is refused at build time, na
 
 `QuantizedLinear.forward` is the reference path: it dequantizes the whole weight to the activation dtype on
 every call and runs a dense matmul (for fp8, weight-only: activations stay in the model dtype; W8A8's activation
-rounding, `quantize_activations_ref`, is applied only where a test asks for it, to measure its accuracy). It is correct on any
-device, and slow on a GPU (a full-size weight is rebuilt per call, and the fused bf16 GEMV is not used): quantized
-kernels are not built yet.
+rounding, `quantize_activations_ref`, is applied only where a test asks for it, to measure its accuracy). It is
+correct on any device, and slow on a GPU (a full-size weight is rebuilt per call, and the fused bf16 GEMV is not
+used); the one-row GEMVs that `forward` takes on the fused path are the only quantized kernels so far.
 """
 
 from __future__ import annotations
