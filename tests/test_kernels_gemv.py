@@ -22,6 +22,8 @@ from governor.kernels.gemv import (
     gemv,
     gemv_ref,
     gemv_usable,
+    gptq_gemv,
+    gptq_gemv_ref,
 )
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from tests import test_quantized_weights as qw
@@ -274,3 +276,60 @@ def test_gpu_awq_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_produc
     x = seeded_randn(1, k, dtype=torch.bfloat16, seed=22)
     weight = awq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, 128)  # W.T
     _assert_sum_order_close(awq_gemv(x, qweight, qzeros, scales, 128), x, weight.t().to(torch.bfloat16), None, False)
+
+
+# --- GPTQ int4 / int8 weights ---------------------------------------------------------------------------------------
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits,n,k,group,act_order", [(4, 64, 128, 32, False), (4, 72, 96, 32, True),
+                                                      (8, 136, 192, 64, True), (8, 64, 64, -1, False)],
+                         ids=["int4", "int4-act-order-ragged-columns", "int8-act-order-three-k-steps",
+                              "int8-one-group"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
+def test_gptq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, bits: int, n: int, k: int,
+                                                                      group: int, act_order: bool,
+                                                                      with_bias: bool) -> None:
+    """Packed, and unpacked into the weight they stand for, by the quantized-weights test's own GPTQ code (independent
+    of the kernel and of models/quantization.py); act order: a random permutation assigns the groups."""
+    w = seeded_randn(n, k, dtype=torch.float32, seed=23, scale=0.1)
+    scheme = qw.Scheme("gptq", bits, group, desc_act=act_order)
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(24))
+    packed, weight = qw.pack_linear(w, scheme, perm)
+    x = seeded_randn(1, k, dtype=dtype, seed=25)
+    bias = seeded_randn(n, dtype=dtype, seed=26) if with_bias else None
+    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales", "g_idx")]
+    _assert_sum_order_close(gptq_gemv(x, *args, bits, bias), x, weight.to(DEVICE, dtype), bias, False)
+    _assert_sum_order_close(gptq_gemv_ref(x, *args, bits, bias), x, weight.to(DEVICE, dtype), bias, False)
+
+
+@needs_triton
+def test_gptq_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
+    x = seeded_randn(1, 64, dtype=torch.float32, seed=27)
+    qweight = torch.zeros(8, 16, dtype=torch.int32, device=DEVICE)  # 64 input features of 4 bits, 16 outputs
+    zeros, scales = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE), torch.ones(2, 16, dtype=torch.float16,
+                                                                                        device=DEVICE)
+    g_idx = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        gptq_gemv(x, qweight, zeros, scales, g_idx, 3)
+    with pytest.raises(ValueError, match=r"qzeros must be \[G, 2\], scales \[G, 16\] and g_idx \[64\]"):
+        gptq_gemv(x, qweight, zeros, scales, g_idx[:32], 4)
+    with pytest.raises(ValueError, match="x has 64 columns and qweight holds 32 input features"):
+        gptq_gemv(x, qweight[:4], zeros, scales, g_idx, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gpu_gptq_gemv_at_a_real_shape_is_within_one_bf16_step_of_the_exact_product(bits: int) -> None:
+    n, k, per = 6144, 4096, 32 // bits
+    gen = torch.Generator(device="cuda").manual_seed(28)
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // per, n), dtype=torch.int32, device="cuda", generator=gen)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // per), dtype=torch.int32, device="cuda", generator=gen)
+    scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.01).half()
+    g_idx = torch.randperm(k, device="cuda", generator=gen).to(torch.int32) // 128  # act order
+    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=29)
+    weight = gptq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, g_idx, bits)
+    _assert_sum_order_close(gptq_gemv(x, qweight, qzeros, scales, g_idx, bits), x, weight.t().to(torch.bfloat16),
+                            None, False)

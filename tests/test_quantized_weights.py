@@ -435,16 +435,16 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(2, seed=4, hi=12), n=4)
 
 
-@pytest.mark.parametrize("case", ["qwen3-32x64", "awq-qwen2"])
-def test_triton_backend_runs_fp8_and_awq_decode_steps_through_their_gemv(quantized, hf_model, monkeypatch,
-                                                                        case: str) -> None:
-    """One-row steps of an fp8 or AWQ model on the fused path stream the packed weight through `fp8_gemv` or
-    `awq_gemv` (interpreted on CPU), with transformers' tokens on the dequantized weights."""
+@pytest.mark.parametrize("case", ["qwen3-32x64", "awq-qwen2", "gptq4-asym-act-order", "gptq8-sym"])
+def test_triton_backend_runs_quantized_decode_steps_through_their_gemv(quantized, hf_model, monkeypatch,
+                                                                      case: str) -> None:
+    """One-row steps of an fp8, AWQ or GPTQ model on the fused path stream the packed weight through `fp8_gemv`,
+    `awq_gemv` or `gptq_gemv` (interpreted on CPU), with transformers' tokens on the dequantized weights."""
     import governor.engine.models.quantization as quantization
 
-    kernel = "awq_gemv" if case.startswith("awq") else "fp8_gemv"
+    kernel = next((f"{m}_gemv" for m in ("awq", "gptq") if case.startswith(m)), "fp8_gemv")
     calls = count_calls(monkeypatch, quantization, kernel)
-    arch, scheme = {**FP8_CASES, **CT_CASES, "awq-qwen2": ("qwen2", AWQ)}[case]
+    arch, scheme = {**FP8_CASES, **CT_CASES, **GPTQ_CASES, "awq-qwen2": ("qwen2", AWQ)}[case]
     packed, oracle = quantized(arch, scheme)
     llm = LLM(str(packed), dtype="float32", attention_backend="triton")
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(1, seed=10, hi=12), n=4)

@@ -319,3 +319,104 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
         BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
     )  # fmt: skip
     return out
+
+
+# --- GPTQ int4 / int8 weights ---------------------------------------------------------------------------------------
+# GPTQ (checkpoint format v1): qweight [K / p, N] int32 with p = 32 / bits codes per int32 along the input features,
+# lowest bits first; qzeros [G, N / p] packed the same way along the output features, each stored one less than the
+# zero point; scales [G, N]; g_idx [K] the group of each input feature (act-order checkpoints scatter them). The weight
+# is W[o, i] = (q[i, o] - z[g_idx[i], o]) * s[g_idx[i], o], in fp32, rounded to the activation dtype.
+
+
+def gptq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                  g_idx: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What `gptq_gemv` computes, in PyTorch: the weight unpacked and dequantized in fp32, rounded to x's dtype."""
+    per, mask = 32 // bits, (1 << bits) - 1
+    shifts = bits * torch.arange(per, device=qweight.device)
+    q = ((qweight.unsqueeze(1) >> shifts.view(1, per, 1)) & mask).reshape(-1, qweight.shape[1])  # [K, N]
+    z = ((qzeros.unsqueeze(2) >> shifts.view(1, 1, per)) & mask).reshape(qzeros.shape[0], -1) + 1  # [G, N]
+    g = g_idx.long()
+    w = (q - z[g]).float() * scales.float()[g]  # [K, N]
+    return F.linear(x, w.t().to(x.dtype), bias)
+
+
+def gptq_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
+    """Whether `gptq_gemv` takes this product: one contiguous row of x, Triton available, a contiguous qweight."""
+    return awq_gemv_usable(x, qweight)
+
+
+@triton.jit
+def _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr,
+                 dtype: tl.constexpr):
+    # The dequantized weight's [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), in fp32, rounded
+    # to the activation dtype.
+    per: tl.constexpr = 32 // BITS
+    code_mask: tl.constexpr = (1 << BITS) - 1
+    k_mask = ks < K
+    mask = k_mask[:, None] & (cols < n)[None, :]
+    groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)
+    q = (tl.load(qw_ptr + (ks // per).to(tl.int64)[:, None] * n + cols[None, :], mask=mask, other=0)
+         >> ((ks % per) * BITS)[:, None]) & code_mask
+    z = ((tl.load(qz_ptr + groups[:, None] * (n // per) + (cols // per)[None, :], mask=mask, other=0)
+          >> ((cols % per) * BITS)[None, :]) & code_mask) + 1
+    s = tl.load(s_ptr + groups[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return round_to((q - z).to(tl.float32) * s, dtype)
+
+
+@triton.jit
+def _gptq_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BITS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # Program: BLOCK_N output features. As `_awq_gemv_kernel`: [BLOCK_K, BLOCK_N] products accumulated over K and
+    # reduced once; the first weight tile (and its groups' zeros and scales) read before waiting for x under PDL.
+    dtype = out_ptr.dtype.element_ty
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    if PDL:
+        gdc_launch_dependents()
+    w = _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kk, cols, n, K, BITS, dtype)
+    if PDL:
+        gdc_wait()
+    acc = w * _x_tile(x_ptr, kk, K, False, dtype)[:, None]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ks = k0 + kk
+        acc += _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K, BITS, dtype) * \
+            _x_tile(x_ptr, ks, K, False, dtype)[:, None]
+    out = tl.sum(acc, axis=0)
+    n_mask = cols < n
+    if HAS_BIAS:
+        out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
+
+
+def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
+              bits: int, bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
+    """`gptq_gemv_ref` in one Triton kernel for x [1, K] and GPTQ's packed 4- or 8-bit tensors (act-order included:
+    each input feature's group is read from g_idx); returns [1, N] in x's dtype. Its tile (AWQ's, 4 warps) is a first
+    choice, not yet measured on a GPU; `policy` only decides PDL (None: the device's)."""
+    if bits not in (4, 8):
+        raise ValueError(f"gptq_gemv: bits must be 4 or 8, got {bits}")
+    if not gptq_gemv_usable(x, qweight):
+        raise ValueError(f"gptq_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous int32 qweight "
+                         f"[K/{32 // bits}, N]; got x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} "
+                         f"{qweight.dtype}")
+    per = 32 // bits
+    k, n = qweight.shape[0] * per, qweight.shape[1]
+    groups = scales.shape[0] if scales.dim() == 2 else 0
+    if x.shape[1] != k or n % per:
+        raise ValueError(f"gptq_gemv: x has {x.shape[1]} columns and qweight holds {k} input features of {n} outputs; "
+                         f"they must be equal, and N a multiple of {per}")
+    if (tuple(qzeros.shape) != (groups, n // per) or tuple(scales.shape) != (groups, n) or tuple(g_idx.shape) != (k,)
+            or not (qzeros.is_contiguous() and scales.is_contiguous() and g_idx.is_contiguous())):
+        raise ValueError(f"gptq_gemv: qzeros must be [G, {n // per}], scales [G, {n}] and g_idx [{k}], contiguous; "
+                         f"got {tuple(qzeros.shape)}, {tuple(scales.shape)} and {tuple(g_idx.shape)}")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
+        raise ValueError(f"gptq_gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    if policy is None:
+        policy = policy_for(x.device)
+    pdl = chain_pdl(policy, x.device)
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    _gptq_gemv_kernel[(triton.cdiv(n, AWQ_BLOCK_N),)](
+        x, qweight, qzeros, scales, g_idx, out if bias is None else bias, out, n, K=k, BITS=bits,
+        BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+    )  # fmt: skip
+    return out

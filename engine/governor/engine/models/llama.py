@@ -14,8 +14,9 @@ in the same all-reduce pattern), and each rank's logits cover its rows; they are
 only.
 
 A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
-`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; an fp8 one streams its
-e4m3 bytes through `fp8_gemv` on one-row fused steps, every other case runs the reference dequantize path.
+`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; on one-row fused steps it
+streams its packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, every other case runs the reference
+dequantize path.
 Embeddings, norms and lm_head stay dense.
 """
 

@@ -52,7 +52,7 @@ from torch import nn
 
 from governor.engine.models.checkpoint import LazyTensor
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
-from governor.kernels.gemv import awq_gemv, awq_gemv_usable, fp8_gemv, fp8_gemv_usable
+from governor.kernels.gemv import awq_gemv, awq_gemv_usable, fp8_gemv, fp8_gemv_usable, gptq_gemv, gptq_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
@@ -337,13 +337,15 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, kernels: LaunchPolicy | None = None
                 ) -> torch.Tensor:
-        """x @ W.T (+ bias) in x's dtype. On the fused path (`kernels`: its launch policy) a one-row step of an fp8
-        or AWQ layer streams its packed bytes through `fp8_gemv` / `awq_gemv`; otherwise W is dequantized on every
-        call (the reference path; slow on a GPU)."""
+        """x @ W.T (+ bias) in x's dtype. On the fused path (`kernels`: its launch policy) a one-row step streams
+        the packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`; otherwise W is dequantized on every call (the
+        reference path; slow on a GPU)."""
         if self.method in FP8_METHODS and self.quantize_activations and self.activation_group is not None:
             x = quantize_activations_ref(x, self.activation_group)
         elif kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
             return fp8_gemv(x, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
         if kernels is not None and self.method == "awq" and awq_gemv_usable(x, self.qweight):
             return awq_gemv(x, self.qweight, self.qzeros, self.scales, self.group_size, bias, policy=kernels)
+        if kernels is not None and self.method == "gptq" and gptq_gemv_usable(x, self.qweight):
+            return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias, policy=kernels)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
