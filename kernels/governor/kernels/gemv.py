@@ -246,11 +246,11 @@ def awq_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, shifts, n, K: tl.constexpr, GROUP: tl.constexpr,
-                dtype: tl.constexpr):
+def _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
     # The dequantized weight's [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), in fp32, rounded
     # to the activation dtype.
     packs = n // 8
+    shifts = ((cols % 8) // 2 + (cols % 2) * 4) * 4  # column c's nibble: (c % 8) // 2, plus 4 for odd c
     mask = (ks < K)[:, None] & (cols < n)[None, :]
     groups = ks // GROUP
     q = (tl.load(qw_ptr + ks.to(tl.int64)[:, None] * packs + (cols // 8)[None, :], mask=mask, other=0)
@@ -262,23 +262,35 @@ def _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, shifts, n, K: tl.constexpr, GRO
 
 
 @triton.jit
-def _awq_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, n, K: tl.constexpr, GROUP: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    # Program: BLOCK_N output features (whole packs of 8). The K loop accumulates [BLOCK_K, BLOCK_N] products and
-    # reduces over K once at the end; the first weight tile is read before waiting for x (PDL), as `_gemv_kernel`.
+def _packed_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr,
+                   BITS: tl.constexpr, GPTQ: tl.constexpr, dtype: tl.constexpr):
+    # The dequantized weight's tile in either format (GPTQ: its BITS-bit codes and g_idx; AWQ: 4 bits, GROUP).
+    if GPTQ:
+        w = _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K, BITS, dtype)
+    else:
+        w = _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, n, K, GROUP, dtype)
+    return w
+
+
+@triton.jit
+def _packed_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, K: tl.constexpr, GROUP: tl.constexpr,
+                        BITS: tl.constexpr, GPTQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # One-row GEMV over AWQ's (GPTQ False) or GPTQ's packed integer weights. Program: BLOCK_N output features (AWQ:
+    # whole packs of 8). The K loop accumulates [BLOCK_K, BLOCK_N] products and reduces over K once at the end; the
+    # first weight tile (with its zeros and scales) is read before waiting for x (PDL), as `_gemv_kernel`.
     dtype = out_ptr.dtype.element_ty
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    shifts = ((cols % 8) // 2 + (cols % 2) * 4) * 4  # column c's nibble: (c % 8) // 2, plus 4 for odd c
     kk = tl.arange(0, BLOCK_K)
     if PDL:
         gdc_launch_dependents()
-    w = _awq_w_tile(qw_ptr, qz_ptr, s_ptr, kk, cols, shifts, n, K, GROUP, dtype)
+    w = _packed_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kk, cols, n, K, GROUP, BITS, GPTQ, dtype)
     if PDL:
         gdc_wait()
     acc = w * _x_tile(x_ptr, kk, K, False, dtype)[:, None]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + kk
-        acc += _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, shifts, n, K, GROUP, dtype) * \
+        acc += _packed_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K, GROUP, BITS, GPTQ, dtype) * \
             _x_tile(x_ptr, ks, K, False, dtype)[:, None]
     out = tl.sum(acc, axis=0)
     n_mask = cols < n
@@ -308,15 +320,22 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
             qzeros.is_contiguous() and scales.is_contiguous()):
         raise ValueError(f"awq_gemv: qzeros must be [{groups}, {n // 8}] and scales [{groups}, {n}], contiguous; got "
                          f"{tuple(qzeros.shape)} and {tuple(scales.shape)}")
+    return _packed_launch("awq_gemv", x, qweight, qzeros, scales, None, bias, n, k, group_size, 4, policy)
+
+
+def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                   g_idx: torch.Tensor | None, bias: torch.Tensor | None, n: int, k: int, group_size: int, bits: int,
+                   policy: LaunchPolicy | None) -> torch.Tensor:
+    """A checked AWQ (`g_idx` None) or GPTQ product's launch of `_packed_gemv_kernel`: the bias checked, PDL decided
+    by `policy` (None: the device's), the output [1, N] in x's dtype."""
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"awq_gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    if policy is None:
-        policy = policy_for(x.device)
-    pdl = chain_pdl(policy, x.device)
+        raise ValueError(f"{name}: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    pdl = chain_pdl(policy or policy_for(x.device), x.device)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _awq_gemv_kernel[(triton.cdiv(n, AWQ_BLOCK_N),)](
-        x, qweight, qzeros, scales, out if bias is None else bias, out, n, K=k, GROUP=group_size,
-        BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+    _packed_gemv_kernel[(triton.cdiv(n, AWQ_BLOCK_N),)](
+        x, qweight, qzeros, scales, qweight if g_idx is None else g_idx, out if bias is None else bias, out, n, K=k,
+        GROUP=group_size, BITS=bits, GPTQ=g_idx is not None, BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K,
+        HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 
@@ -363,31 +382,6 @@ def _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K: tl.constexpr, BIT
     return round_to((q - z).to(tl.float32) * s, dtype)
 
 
-@triton.jit
-def _gptq_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BITS: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    # Program: BLOCK_N output features. As `_awq_gemv_kernel`: [BLOCK_K, BLOCK_N] products accumulated over K and
-    # reduced once; the first weight tile (and its groups' zeros and scales) read before waiting for x under PDL.
-    dtype = out_ptr.dtype.element_ty
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = tl.arange(0, BLOCK_K)
-    if PDL:
-        gdc_launch_dependents()
-    w = _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kk, cols, n, K, BITS, dtype)
-    if PDL:
-        gdc_wait()
-    acc = w * _x_tile(x_ptr, kk, K, False, dtype)[:, None]
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        ks = k0 + kk
-        acc += _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K, BITS, dtype) * \
-            _x_tile(x_ptr, ks, K, False, dtype)[:, None]
-    out = tl.sum(acc, axis=0)
-    n_mask = cols < n
-    if HAS_BIAS:
-        out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
-
-
 def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
               bits: int, bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`gptq_gemv_ref` in one Triton kernel for x [1, K] and GPTQ's packed 4- or 8-bit tensors (act-order included:
@@ -409,14 +403,4 @@ def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
             or not (qzeros.is_contiguous() and scales.is_contiguous() and g_idx.is_contiguous())):
         raise ValueError(f"gptq_gemv: qzeros must be [G, {n // per}], scales [G, {n}] and g_idx [{k}], contiguous; "
                          f"got {tuple(qzeros.shape)}, {tuple(scales.shape)} and {tuple(g_idx.shape)}")
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"gptq_gemv: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    if policy is None:
-        policy = policy_for(x.device)
-    pdl = chain_pdl(policy, x.device)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _gptq_gemv_kernel[(triton.cdiv(n, AWQ_BLOCK_N),)](
-        x, qweight, qzeros, scales, g_idx, out if bias is None else bias, out, n, K=k, BITS=bits,
-        BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
-    )  # fmt: skip
-    return out
+    return _packed_launch("gptq_gemv", x, qweight, qzeros, scales, g_idx, bias, n, k, 0, bits, policy)
