@@ -139,8 +139,11 @@ class P2PAllReduce:
         self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0, "fused": 0}  # by path, when issued (and captured)
         self.peers = self._peer_memory(symm_mem, device, dtype)
         # A program of the fused kernel waits for the same program on every other rank, so all of a call's programs
-        # must be running at once: no more rows than SMs (one program each fits anywhere).
-        self.fused_rows_max = torch.cuda.get_device_properties(device).multi_processor_count
+        # must be running at once: no more rows than SMs (one program each fits anywhere). The ranks agree on the
+        # bound (the fewest SMs of any GPU), so that every rank takes the same path for every message.
+        sms = torch.tensor([torch.cuda.get_device_properties(device).multi_processor_count], device=device)
+        dist.all_reduce(sms, op=dist.ReduceOp.MIN, group=group)
+        self.fused_rows_max = int(sms.item())
 
     def _peer_memory(self, symm_mem: Any, device: torch.device, dtype: torch.dtype) -> PeerMemory | None:
         """The fused kernel's buffers (two slots of the one-shot size per rank, per sender) and signal pads, with
