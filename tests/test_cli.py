@@ -112,6 +112,15 @@ def test_bench_kv_reports_the_weights_and_kv_blocks_of_each_weight_format(tiny_m
     assert "MiB of weights" in proc.stdout
 
 
+def test_the_theoretical_speedup_of_speculation() -> None:
+    from governor.engine.bench.spec import theoretical_speedup
+
+    assert theoretical_speedup(1.0, 2, 1.0) == pytest.approx(1.0)  # draft = target: 3 forwards for 3 tokens
+    assert theoretical_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / 0.2 / 1.4)  # 2.40: a cheap draft
+    assert theoretical_speedup(0.5, 3, 0.0) == pytest.approx(1.875)  # n-gram: free drafts, 1 + .5 + .25 + .125
+    assert theoretical_speedup(0.0, 4, 0.2) == pytest.approx(1 / 1.8)  # nothing accepted: the drafts are a loss
+
+
 def test_bench_spec_sweeps_k_per_batch_and_reports_acceptance(tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "spec.json"
     proc = run("bench", "spec", "--model", str(tiny_model), "--batches", "1,2", "--ks", "1,2", "--input-len", "8",
@@ -123,4 +132,11 @@ def test_bench_spec_sweeps_k_per_batch_and_reports_acceptance(tiny_model: Path, 
         (v, b, k) for v in ("draft=target", "ngram") for b in (1, 2) for k in (0, 1, 2)]
     equal = [r for r in rows if r["variant"] == "draft=target" and r["k"] > 0]
     assert all(r["alpha"] == 1.0 for r in equal)  # a draft identical to the target is always accepted
+    for r in rows:  # c, the theory and the measured fraction of it, on every row
+        c = r["draft_cost_ratio"]
+        assert (c == 0.0) if r["variant"] == "ngram" else c > 0  # n-gram proposals run no model
+        if r["k"]:
+            want = r["expected_tokens_per_step"] / (c * r["k"] + 1)
+            assert r["theoretical_speedup"] == pytest.approx(want)
+            assert r["fraction_of_theory"] == pytest.approx(r["speedup"] / r["theoretical_speedup"])
     assert all(r["speedup"] == 1.0 for r in rows if r["k"] == 0)

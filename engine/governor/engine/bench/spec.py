@@ -3,7 +3,10 @@
 For each draft variant (the target itself as draft: acceptance ~1; a noise-perturbed copy: lower
 acceptance; n-gram lookup: free drafts), one engine is started and K is swept through the live knob.
 Each point reports decode tokens/s, the speedup over K=0 at the same batch, the measured acceptance
-rate alpha, and the tokens per verification step against (1 - alpha^(K+1)) / (1 - alpha).
+rate alpha, and the tokens per verification step against (1 - alpha^(K+1)) / (1 - alpha). It also reports the
+draft's cost ratio c (a draft step's time over a target step's: the target's plain decoding rate over the draft
+model's own, at the same batch, measured by an engine of the draft alone; 0 for n-gram proposals, which run no model),
+the theoretical speedup (1 - alpha^(K+1)) / ((1 - alpha)(cK + 1)) and the measured speedup's fraction of it.
 """
 
 from __future__ import annotations
@@ -51,6 +54,12 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def theoretical_speedup(alpha: float, k: int, c: float) -> float:
+    """Speculative decoding's speedup over plain decoding when each of K drafts is accepted with probability alpha
+    and a draft step costs c target steps: the tokens a verification step yields over its cost, cK + 1 steps."""
+    return expected_tokens_per_step(alpha, k) / (c * k + 1)
+
+
 def _generation_rate(llm: LLM, batch: int, input_len: int, output_len: int, seed: int) -> float:
     """Output tokens/s of one greedy batch, prefill included (short prompts keep it a small share; a
     prefill-only subtraction is too noisy at batch 1)."""
@@ -70,6 +79,14 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                ks: list[int], input_len: int, output_len: int) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     k_cap = max(ks)
+    draft_rates: dict[str, dict[int, float]] = {}  # draft model -> batch -> its own plain decoding rate
+    for spec in variants.values():
+        if spec.get("model") and spec["model"] not in draft_rates:
+            draft = LLM(spec["model"], **engine_args)
+            _generation_rate(draft, 2, input_len, 4, seed=0)  # warm-up
+            draft_rates[spec["model"]] = {b: _generation_rate(draft, b, input_len, output_len, seed=b) for b in batches}
+            draft.close()
+            del draft
     for name, spec in variants.items():
         llm = LLM(model, **{**engine_args, "speculative_config": {**spec, "num_speculative_tokens": k_cap}})
         eng = llm.engine
@@ -94,11 +111,16 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                 alpha = first / steps if steps else 0.0
                 if k == 0:
                     base = rate
+                speedup = rate / base if base else None
+                c = base / draft_rates[spec["model"]][batch] if spec.get("model") and base else 0.0
+                theory = theoretical_speedup(alpha, k, c) if k else 1.0
                 row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,
-                       "speedup": rate / base if base else None, "alpha": alpha,
+                       "speedup": speedup, "alpha": alpha,
                        "accepted_per_proposed": accepted / proposed if proposed else 0.0,
                        "tokens_per_step": 1 + accepted / steps if steps else 1.0,
-                       "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if k else 1.0}
+                       "expected_tokens_per_step": expected_tokens_per_step(alpha, k) if k else 1.0,
+                       "draft_cost_ratio": c, "theoretical_speedup": theory,
+                       "fraction_of_theory": speedup / theory if speedup is not None and theory else None}
                 rows.append(row)
                 print(json.dumps(row))
         llm.close()
