@@ -46,6 +46,13 @@ class LazyTensor(Protocol):
     def __getitem__(self, index: Any) -> torch.Tensor: ...
 
 
+def read_share(tensor: LazyTensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    """Share `rank` of `size` equal shares of `tensor` along `dim` (the caller checks that `size` divides it): what a
+    tensor-parallel rank reads of a split checkpoint tensor, and nothing more."""
+    step = tensor.get_shape()[dim] // size
+    return tensor[(slice(None),) * dim + (slice(rank * step, (rank + 1) * step),)]
+
+
 def iter_weights(model_dir: str | Path) -> Iterator[tuple[str, LazyTensor]]:
     """Yield (name, lazy tensor) for every tensor in the checkpoint, one shard file open at a time."""
     for path in weight_files(model_dir):

@@ -16,8 +16,7 @@ only.
 A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
 `QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; on one-row fused steps it
 streams its packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, every other case runs the reference
-dequantize path.
-Embeddings, norms and lm_head stay dense.
+dequantize path. Embeddings, norms and lm_head stay dense.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from governor.engine.attention import AttentionMetadata, PagedAttention
-from governor.engine.models.checkpoint import LazyTensor
+from governor.engine.models.checkpoint import LazyTensor, read_share
 from governor.engine.models.model_config import ModelConfig, RopeConfig
 from governor.engine.models.quantization import FP8_METHODS, PACKED_TENSORS, QuantizedLinear
 from governor.engine.tp.group import SINGLE, TPGroup
@@ -57,8 +56,8 @@ def _weight(cfg: ModelConfig, out_parts: tuple[int, ...], in_features: int, dtyp
 def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None,
            kernels: LaunchPolicy | None) -> torch.Tensor:
     """F.linear(x, w, bias); on the fused path (`kernels`: its launch policy) a one-token step streams w through
-    `gemv` instead. A quantized `w` runs its own forward: fp8's one-row GEMV on the fused path, else the reference
-    dequantize path."""
+    `gemv` instead. A quantized `w` runs its own forward (`QuantizedLinear.forward`: its one-row GEMV on the fused
+    path, else the reference dequantize path)."""
     if isinstance(w, QuantizedLinear):
         return w(x, bias, kernels)
     if kernels is not None and gemv_usable(x, w):
@@ -409,8 +408,7 @@ class CausalLM(nn.Module):
                              f"expected {tuple(full)} from config.json")
         if split_dim is None or self.tp.size == 1:
             return tensor[:]
-        n = dest_shape[split_dim]
-        return tensor[(slice(None),) * split_dim + (slice(self.tp.rank * n, (self.tp.rank + 1) * n),)]
+        return read_share(tensor, split_dim, self.tp.rank, self.tp.size)
 
     def _target(self, hf_name: str, layer_re: re.Pattern[str], fused_rows: dict[str, tuple[int, int]]
                 ) -> tuple[str | None, tuple[int, int] | None, int | None]:

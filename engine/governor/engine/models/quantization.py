@@ -50,9 +50,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from governor.engine.models.checkpoint import LazyTensor
+from governor.engine.models.checkpoint import LazyTensor, read_share
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
-from governor.kernels.gemv import awq_gemv, awq_gemv_usable, fp8_gemv, fp8_gemv_usable, gptq_gemv, gptq_gemv_usable
+from governor.kernels.gemv import awq_gemv, fp8_gemv, fp8_gemv_usable, gptq_gemv, packed_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
@@ -112,7 +112,10 @@ class QuantizedLinear(nn.Module):
         self.in_features, self.out_parts = in_features, out_parts
         self.out_features = out = sum(out_parts)
         self.split, self.rank, self.size = (split, rank, size) if size > 1 else (None, 0, 1)
-        self.desc_act = quant.desc_act
+        # A layer cut along its inputs keeps every group when its groups are not contiguous runs of them: act-order
+        # (features scattered over the groups) or one group over all inputs (group_size -1).
+        self.replicated_groups = self.split == "in" and quant.method in ("awq", "gptq") and (
+            (quant.method == "gptq" and quant.desc_act) or quant.group_size == -1)
         self._loaded: set[tuple[int, str]] = set()
         self._check_shard(quant)
         if quant.method in FP8_METHODS:
@@ -133,10 +136,6 @@ class QuantizedLinear(nn.Module):
             return
         full_in = in_features * (self.size if self.split == "in" else 1)
         self.group_size = full_in if quant.group_size == -1 else quant.group_size
-        # A layer cut along its inputs keeps every group when its groups are not contiguous runs of them: act-order
-        # (features scattered over the groups) or one group over all inputs (group_size -1).
-        self.replicated_groups = self.split == "in" and ((quant.method == "gptq" and quant.desc_act)
-                                                         or quant.group_size == -1)
         groups = in_features * (self.size if self.replicated_groups else 1) // self.group_size
         self.pack = 32 // quant.bits
         p = self.pack
@@ -167,7 +166,7 @@ class QuantizedLinear(nn.Module):
             units = [("output features of a part", min(self.out_parts), pack, f"the {quant.bits}-bit packing")]
             if self.split == "in" and quant.method == "gptq":  # GPTQ packs codes along the input features
                 units.append(("input features", self.in_features, pack, f"the {quant.bits}-bit packing"))
-            if self.split == "in" and quant.group_size != -1 and not (quant.method == "gptq" and quant.desc_act):
+            if self.split == "in" and not self.replicated_groups:  # the rank's groups are a contiguous run
                 units.append(("input features", self.in_features, quant.group_size, "group_size"))
         for what, count, unit, name in units:
             if count % unit:
@@ -206,10 +205,7 @@ class QuantizedLinear(nn.Module):
         if dim >= len(shape) or shape[dim] % self.size:
             raise ValueError(f"tensor {source!r} has shape {tuple(shape)}: its dimension {dim} does not split into "
                              f"tensor_parallel_size={self.size} equal shares")
-        step = shape[dim] // self.size
-        index: list[slice] = [slice(None)] * len(shape)
-        index[dim] = slice(self.rank * step, (self.rank + 1) * step)
-        return tensor[tuple(index)]
+        return read_share(tensor, dim, self.rank, self.size)
 
     def _load_fp8(self, part: int, name: str, tensor: torch.Tensor, source: str) -> None:
         """One part's rows of `weight` (e4m3) or of its scale (`weight_scale_inv`, float32; compressed-tensors'
@@ -344,8 +340,8 @@ class QuantizedLinear(nn.Module):
             x = quantize_activations_ref(x, self.activation_group)
         elif kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
             return fp8_gemv(x, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
-        if kernels is not None and self.method == "awq" and awq_gemv_usable(x, self.qweight):
+        if kernels is not None and self.method == "awq" and packed_gemv_usable(x, self.qweight):
             return awq_gemv(x, self.qweight, self.qzeros, self.scales, self.group_size, bias, policy=kernels)
-        if kernels is not None and self.method == "gptq" and gptq_gemv_usable(x, self.qweight):
+        if kernels is not None and self.method == "gptq" and packed_gemv_usable(x, self.qweight):
             return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias, policy=kernels)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
