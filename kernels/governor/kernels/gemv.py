@@ -239,8 +239,9 @@ def awq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, s
     return F.linear(x, w.t().to(x.dtype), bias)
 
 
-def awq_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
-    """Whether `awq_gemv` takes this product: one contiguous row of x, Triton available, a contiguous qweight."""
+def packed_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
+    """Whether `awq_gemv` or `gptq_gemv` takes this product: one contiguous row of x, Triton available, a contiguous
+    int32 qweight."""
     return (x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and triton_usable(x) and qweight.dim() == 2
             and qweight.dtype == torch.int32 and qweight.is_contiguous())
 
@@ -308,7 +309,7 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
     """`awq_gemv_ref` in one Triton kernel for x [1, K] and AWQ's packed int4 tensors; returns [1, N] in x's dtype.
     Its tile (AWQ_BLOCK_N x AWQ_BLOCK_K, 4 warps) is a first choice, not yet measured on a GPU; `policy` only
     decides PDL (None: the device's)."""
-    if not awq_gemv_usable(x, qweight):
+    if not packed_gemv_usable(x, qweight):
         raise ValueError(f"awq_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous int32 qweight "
                          f"[K, N/8]; got x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} {qweight.dtype}")
     k, n = qweight.shape[0], qweight.shape[1] * 8
@@ -359,11 +360,6 @@ def gptq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, 
     return F.linear(x, w.t().to(x.dtype), bias)
 
 
-def gptq_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
-    """Whether `gptq_gemv` takes this product: one contiguous row of x, Triton available, a contiguous qweight."""
-    return awq_gemv_usable(x, qweight)
-
-
 @triton.jit
 def _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr,
                  dtype: tl.constexpr):
@@ -389,7 +385,7 @@ def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
     choice, not yet measured on a GPU; `policy` only decides PDL (None: the device's)."""
     if bits not in (4, 8):
         raise ValueError(f"gptq_gemv: bits must be 4 or 8, got {bits}")
-    if not gptq_gemv_usable(x, qweight):
+    if not packed_gemv_usable(x, qweight):
         raise ValueError(f"gptq_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous int32 qweight "
                          f"[K/{32 // bits}, N]; got x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} "
                          f"{qweight.dtype}")
