@@ -123,19 +123,27 @@ def rotate(x, x_half, cos, sin, dtype: tl.constexpr):
 
 
 @triton.jit
+def norm_row_start(w_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """The start of a one-program-per-row norm kernel in the decode chain: the row's columns, their mask and the norm
+    weight in fp32, loaded before waiting for the kernel before (PDL), since no earlier kernel writes a weight."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    if PDL:
+        gdc_launch_dependents()
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+    return cols, mask, w
+
+
+@triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
                          stride_x, stride_r, stride_o, stride_h,
                          HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One program per row.
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n
     dtype = out_ptr.dtype.element_ty
-    if PDL:
-        gdc_launch_dependents()
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no earlier kernel writes it
-    if PDL:
-        gdc_wait()
+    cols, mask, w = norm_row_start(w_ptr, n, BLOCK, PDL)
     h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         h = round_to(h + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32), dtype)

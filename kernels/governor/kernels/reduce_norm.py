@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from governor.kernels.elementwise import (
     add_rms_norm_ref,
     chain_pdl,
+    norm_row_start,
     pdl_launch,
     rms_rstd,
     rms_scale,
@@ -84,14 +84,8 @@ def _all_reduce_add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, buffe
                                     BLOCK: tl.constexpr, PDL: tl.constexpr):
     # One program per row.
     row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n
     dtype = out_ptr.dtype.element_ty
-    if PDL:
-        gdc_launch_dependents()
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: no earlier kernel writes it
-    if PDL:
-        gdc_wait()
+    cols, mask, w = norm_row_start(w_ptr, n, BLOCK, PDL)
     call = tl.load(calls + row)
     # This row's place in a buffer: [slot][row][sender][n].
     at = (call % 2).to(tl.int64) * slot_stride + (row * WORLD * n).to(tl.int64)
