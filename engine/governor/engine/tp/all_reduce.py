@@ -137,7 +137,7 @@ class P2PAllReduce:
         self.world = dist.get_world_size(group)
         self.ops = torch.ops.symm_mem
         self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0, "fused": 0}  # by path, when issued (and captured)
-        self.peers = self._peer_memory(symm_mem, device, dtype)
+        self.peers = self._peer_memory(symm_mem, device)
         # A program of the fused kernel waits for the same program on every other rank, so all of a call's programs
         # must be running at once: no more rows than SMs (one program each fits anywhere). The ranks agree on the
         # bound (the fewest SMs of any GPU), so that every rank takes the same path for every message.
@@ -145,12 +145,13 @@ class P2PAllReduce:
         dist.all_reduce(sms, op=dist.ReduceOp.MIN, group=group)
         self.fused_rows_max = int(sms.item())
 
-    def _peer_memory(self, symm_mem: Any, device: torch.device, dtype: torch.dtype) -> PeerMemory | None:
+    def _peer_memory(self, symm_mem: Any, device: torch.device) -> PeerMemory | None:
         """The fused kernel's buffers (two slots of the one-shot size per rank, per sender) and signal pads, with
         every rank's pad zeroed before any rank may raise a flag in it; None when the one-shot path is off."""
         if self.policy.one_shot_max == 0:
             return None
         nbytes = 2 * self.world * max(self.policy.one_shot_max, 4096)
+        # Held for the engine's life: every rank's buffer pointers point into it.
         self.fused_buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
         rank = dist.get_rank(self.group)
