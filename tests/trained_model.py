@@ -31,7 +31,12 @@ CONFIG = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 768, "num
 
 def _sources() -> list[Path]:
     """The standard library's top-level .py files, sorted: the same list on every machine with this Python."""
-    return sorted(Path(os.__file__).parent.glob("*.py"))
+    lib = Path(os.__file__).parent
+    files = sorted(lib.glob("*.py"))
+    if len(files) < 100:
+        raise RuntimeError(f"the trained test model needs the standard library's .py sources; {lib} has "
+                           f"{len(files)} (a Python installed without its sources)")
+    return files
 
 
 def _text(files: list[Path], limit: int) -> str:
