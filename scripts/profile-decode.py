@@ -67,11 +67,15 @@ def main() -> None:
     llm = LLM(a.model, **{k: _value(v) for k, v in kwargs.items()})
     eng = llm.engine
     rng = random.Random(0)
-    params = SamplingParams(temperature=0.0, max_tokens=a.steps + 12, ignore_eos=True)
+    # Enough tokens for the warm-up, timed and profiled steps.
+    params = SamplingParams(temperature=0.0, max_tokens=2 * a.steps + 16, ignore_eos=True)
     vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
     for i in range(a.batch):
         eng.add_request(f"p{i}", [rng.randrange(2, vocab) for _ in range(a.context)], params)
-    for _ in range(10):  # prefill and warm-up decode steps
+    sched = eng.scheduler
+    while sched.waiting or any(not s.output_token_ids for s in sched.running):  # prefill steps
+        eng.step()
+    for _ in range(4):  # warm-up decode steps
         eng.step()
     sync_device()
     t0 = time.perf_counter()

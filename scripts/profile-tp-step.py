@@ -163,7 +163,10 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=a.steps + 40, ignore_eos=True)
     for i in range(a.batch):
         eng.add_request(f"p{i}", [rng.randrange(2, vocab) for _ in range(a.context)], params)
-    for _ in range(12):
+    sched = eng.scheduler
+    while sched.waiting or any(not s.output_token_ids for s in sched.running):  # prefill steps
+        eng.step()
+    for _ in range(4):
         eng.step()
     ex = eng.executor
     inner = ex.execute
