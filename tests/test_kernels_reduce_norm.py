@@ -32,17 +32,18 @@ def _shared(world: int, buffer_bytes: int, signal_words: int) -> list[torch.Tens
             + [torch.zeros(signal_words, dtype=torch.int32).share_memory_() for _ in range(world)])
 
 
-def _peer_memory(rank: int, world: int, memory: list[torch.Tensor]) -> PeerMemory:
+def _peer_memory(rank: int, world: int, memory: list[torch.Tensor], programs: int = 64) -> PeerMemory:
     """Rank `rank`'s view: the addresses at which this process maps every rank's buffer and pad."""
     buffers, pads = memory[:world], memory[world:]
     return PeerMemory(rank, world, torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64),
                       torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64), buffers[0].numel(),
-                      pads[0].numel(), torch.zeros(pads[0].numel() // world, dtype=torch.int32))
+                      pads[0].numel(), torch.zeros(pads[0].numel() // world, dtype=torch.int32), programs)
 
 
-def _rank_main(rank: int, world: int, memory: list[torch.Tensor], calls: list[dict[str, Any]], out: Any) -> None:
+def _rank_main(rank: int, world: int, memory: list[torch.Tensor], calls: list[dict[str, Any]], out: Any,
+               programs: int) -> None:
     """Run `calls` ({x: every rank's part, residual, weight}) in order as `rank`; put (rank, results, counters)."""
-    peers = _peer_memory(rank, world, memory)
+    peers = _peer_memory(rank, world, memory, programs)
     try:
         results = [all_reduce_add_rms_norm(c["x"][rank], c["residual"], c["weight"], EPS, peers) for c in calls]
         saved = io.BytesIO()  # bytes, not tensors: a tensor in a queue needs its sender alive when it is read
@@ -52,9 +53,11 @@ def _rank_main(rank: int, world: int, memory: list[torch.Tensor], calls: list[di
         out.put((rank, None, e))
 
 
-def _start(world: int, memory: list[torch.Tensor], calls: list[dict[str, Any]], ranks: range, out: Any) -> list[Any]:
+def _start(world: int, memory: list[torch.Tensor], calls: list[dict[str, Any]], ranks: range, out: Any,
+           programs: int = 64) -> list[Any]:
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, memory, calls, out), daemon=True) for r in ranks]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, memory, calls, out, programs), daemon=True)
+             for r in ranks]
     for p in procs:
         p.start()
     return procs
@@ -76,11 +79,13 @@ def _collect(out: Any, count: int, procs: list[Any]) -> dict[int, Any]:
     return got
 
 
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_every_rank_gets_the_reference_sum_add_and_norm_call_after_call(world: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("world", "dtype", "programs"), [(2, torch.bfloat16, 64), (2, torch.float32, 3),
+                                                       (3, torch.bfloat16, 1), (3, torch.float32, 64)])
+def test_every_rank_gets_the_reference_sum_add_and_norm_call_after_call(world: int, dtype: torch.dtype,
+                                                                        programs: int) -> None:
     """Calls of different row counts, with and without a residual, one after another as a step issues them: each
-    rank's outputs equal the reference's, bitwise for the sum, and every rank's are the same bits."""
+    rank's outputs equal the reference's, bitwise for the sum, and every rank's are the same bits. With fewer
+    programs than rows (3 or 1: a batch larger than the GPU's SMs) each program takes every `programs`-th row."""
     n = 48
     rows_per_call = [1, 3, 3, 1, 4, 2, 4]
     memory = _shared(world, buffer_bytes=2 * world * 4 * n * dtype.itemsize, signal_words=world * 4)
@@ -90,7 +95,7 @@ def test_every_rank_gets_the_reference_sum_add_and_norm_call_after_call(world: i
               "residual": None if c % 3 == 0 else seeded_randn(t, n, dtype=dtype, seed=999 + c), "weight": weight}
              for c, t in enumerate(rows_per_call)]
     out = mp.get_context("spawn").Queue()
-    got = _collect(out, world, _start(world, memory, calls, range(world), out))
+    got = _collect(out, world, _start(world, memory, calls, range(world), out, programs))
     for c, call in enumerate(calls):
         want_out, want_h = all_reduce_add_rms_norm_ref(call["x"], call["residual"], weight, EPS)
         for rank in range(world):
@@ -102,7 +107,7 @@ def test_every_rank_gets_the_reference_sum_add_and_norm_call_after_call(world: i
     assert all(not pad.any() for pad in memory[world:])  # every flag raised was taken back
     per_row = [sum(1 for t in rows_per_call if t > row) for row in range(4)]
     for rank in range(world):
-        assert got[rank][1].tolist() == per_row  # each program alternates its slots with its own count
+        assert got[rank][1].tolist() == per_row  # each row alternates its slots with its own count
     # A rank a call ahead must not write where a peer may still read, which a run on CPU cannot provoke on purpose:
     # so the layout is checked. Row 0 took part in every call: its last call's parts are in slot 0, the one
     # before's in slot 1, each at its sender's place in every other rank's buffer.

@@ -151,14 +151,16 @@ def test_gpu_bf16_tokens_agree_with_one_gpu(bf16_checkpoint: Path, size: int) ->
 def test_gpu_fused_all_reduce_norm_sums_like_the_two_kernel_path(size: int) -> None:
     """The fused all-reduce + add + RMSNorm (kernels/reduce_norm.py) over real peer-to-peer memory, in CUDA graphs
     of 20 calls back to back (both slots, every flag reused): its rows equal the float64 sum plus the residual within
-    the bf16 rounding that the one-shot + add_rms_norm pair also has."""
+    the bf16 rounding that the two-kernel pairs also have. 2 MiB is 256 rows, more than the GPU's SMs: each program
+    takes several rows."""
     from governor.engine.bench.all_reduce import bench_all_reduce
 
-    result = bench_all_reduce(size, [8 * 1024, 64 * 1024, 512 * 1024], torch.bfloat16, calls=20, replays=3)
+    sizes = [8 * 1024, 64 * 1024, 512 * 1024, 2 * 1024 * 1024]
+    result = bench_all_reduce(size, sizes, torch.bfloat16, calls=20, replays=3)
     by_path = {(r["bytes"], r["path"]): r["max_abs_err"] for r in result["rows"]}
-    for nbytes in (8 * 1024, 64 * 1024, 512 * 1024):
+    for nbytes in sizes:
         assert by_path[(nbytes, "fused")] <= 0.125, by_path
-        assert by_path[(nbytes, "fused")] <= by_path[(nbytes, "one_shot+norm")] + 0.0625, by_path
+        assert by_path[(nbytes, "fused")] <= by_path[(nbytes, "two_shot+norm")] + 0.0625, by_path
 
 
 _DIES_MID_STEP = """

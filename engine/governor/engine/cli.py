@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--calls", type=int, default=20, help="all-reduces per captured graph")
     ar.add_argument("--replays", type=int, default=50)
     ar.add_argument("--hidden", type=int, default=4096,
-                    help="row width of the all-reduce + residual add + RMSNorm rows (one-shot+norm against fused)")
+                    help="row width of the all-reduce + residual add + RMSNorm rows (all-reduce, then norm; fused)")
     ar.add_argument("--output-json", default=None)
     return parser
 

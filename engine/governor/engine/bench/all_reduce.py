@@ -6,9 +6,10 @@ times and rank 0 times the replays with CUDA events. Each path's sum is checked 
 every rank put in. The table is what the thresholds in tp/all_reduce.py come from, and its per-size times are the
 all-reduce share of a decode step's roofline (`bench latency` at TP > 1).
 
-Messages of whole rows of `hidden` values up to the one-shot size also time what a decode step does with them: the
-all-reduce followed by the residual add and RMSNorm, as two kernels (one-shot, then `add_rms_norm`: `one_shot+norm`)
-and as the fused kernel (`fused`, kernels/reduce_norm.py); their error is the summed rows' (plus the residual).
+Messages of whole rows of `hidden` values also time what a decode step does with them: the all-reduce followed by the
+residual add and RMSNorm, as two kernels (one-shot or two-shot, then `add_rms_norm`: `one_shot+norm`,
+`two_shot+norm`) and as the fused kernel (`fused`, kernels/reduce_norm.py); their error is the summed rows' (plus
+the residual). The fused kernel's threshold in tp/all_reduce.py comes from these rows.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from governor.kernels.elementwise import add_rms_norm
 from governor.kernels.launch_policy import policy_for
 
 PATHS = ("one_shot", "two_shot", "nccl")
-NORM_PATHS = ("one_shot+norm", "fused")
-_FORCED = {"one_shot": lambda big: AllReducePolicy(big, big), "two_shot": lambda big: AllReducePolicy(0, big),
+NORM_PATHS = ("one_shot+norm", "two_shot+norm", "fused")
+_FORCED = {"one_shot": lambda big: AllReducePolicy(big, big, big), "two_shot": lambda big: AllReducePolicy(0, big),
            "nccl": lambda big: AllReducePolicy(0, 0)}
 
 
@@ -93,18 +94,19 @@ def _ops(reducers: dict[str, P2PAllReduce], nbytes: int, hidden: int, dtype: tor
     one_shot = reducers["one_shot"]
     rows = nbytes // (hidden * dtype.itemsize)
     if (rows and nbytes % (hidden * dtype.itemsize) == 0 and one_shot.peers is not None
-            and rows <= min(one_shot.peers.max_rows(hidden, dtype), one_shot.fused_rows_max)):
+            and rows <= one_shot.peers.max_rows(hidden, dtype)):
         policy = policy_for(residual.device)
 
-        def unfused(x: torch.Tensor) -> torch.Tensor:
-            return add_rms_norm(one_shot(x).view(rows, hidden), residual, weight, 1e-6, policy=policy)[1]
+        def then_norm(reduce: P2PAllReduce) -> Callable[[torch.Tensor], torch.Tensor]:
+            return lambda x: add_rms_norm(reduce(x).view(rows, hidden), residual, weight, 1e-6, policy=policy)[1]
 
         def fused(x: torch.Tensor) -> torch.Tensor:
             out = one_shot.add_rms_norm(x.view(rows, hidden), residual, weight, 1e-6, policy)
             assert out is not None
             return out[1]
 
-        ops.update({"one_shot+norm": unfused, "fused": fused})
+        ops.update({"one_shot+norm": then_norm(one_shot), "two_shot+norm": then_norm(reducers["two_shot"]),
+                    "fused": fused})
     return ops
 
 

@@ -12,16 +12,16 @@ address space over NVLink) a message needs no hops:
 - NCCL for everything larger (prefill chunks), where bandwidth is what counts.
 
 Where an all-reduce is followed by the residual add and RMSNorm (every one in a decode step: after o_proj, after
-down_proj, after the embedding), a message of up to the one-shot size takes Governor's own kernel instead, which does
-the three in one (`kernels/reduce_norm.py`: each rank pushes its rows into every peer's buffer, raises flags, and
-sums, adds and norms what it received), on a second pair of buffers and signal pads of its own.
+down_proj, after the embedding), a message of up to `_FUSED_MAX` takes Governor's own kernel instead, which does the
+three in one (`kernels/reduce_norm.py`: each rank pushes its rows into every peer's buffer, raises flags, and sums,
+adds and norms what it received), on a second pair of buffers and signal pads of its own.
 
 The P2P paths are PyTorch's symmetric-memory kernels (`torch.ops.symm_mem`) on buffers allocated once at start.
 Both end in a barrier, so a buffer is never overwritten while a peer still reads it, and neither needs the host:
 they are captured into CUDA graphs like any kernel. NVLink multicast is never used: the buffers are made with
 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (no multicast object is created) and only the peer-to-peer kernels are called.
 
-Thresholds: `_ONE_SHOT_MAX` and `_TWO_SHOT_MAX` below.
+Thresholds: `_ONE_SHOT_MAX`, `_TWO_SHOT_MAX` and `_FUSED_MAX` below.
 """
 
 from __future__ import annotations
@@ -47,19 +47,27 @@ _ONE_SHOT_MAX = {2: 512 * 1024, 4: 512 * 1024}
 _TWO_SHOT_MAX = {2: 8 * 1024 * 1024, 4: 8 * 1024 * 1024}
 _DEFAULT_ONE_SHOT_MAX = 128 * 1024
 _DEFAULT_TWO_SHOT_MAX = 2 * 1024 * 1024
+# Largest all-reduce + add + RMSNorm (bytes of the summed rows) the fused kernel takes, by group size. At TP 2 on 2
+# H200s it beats the all-reduce + `add_rms_norm` pair up to 2 MiB (19.2 against 23.7 µs for two-shot + norm: 256 rows
+# of an 8B model, a batch of 256) and loses from 4 MiB (36.4 against 32.8). TP 4 is not measured past 512 KiB.
+_FUSED_MAX = {2: 2 * 1024 * 1024, 4: 512 * 1024}
+_DEFAULT_FUSED_MAX = 512 * 1024
 
 
 @dataclass(frozen=True)
 class AllReducePolicy:
     """Which path a message of a given size takes (bytes): one-shot up to `one_shot_max`, two-shot up to
-    `two_shot_max`, NCCL above. 0 turns a P2P path off."""
+    `two_shot_max`, NCCL above; an all-reduce followed by add + RMSNorm of up to `fused_max` is one fused kernel.
+    0 turns a P2P path off."""
 
     one_shot_max: int
     two_shot_max: int
+    fused_max: int = 0
 
     @classmethod
     def for_size(cls, world: int) -> AllReducePolicy:
-        return cls(_ONE_SHOT_MAX.get(world, _DEFAULT_ONE_SHOT_MAX), _TWO_SHOT_MAX.get(world, _DEFAULT_TWO_SHOT_MAX))
+        return cls(_ONE_SHOT_MAX.get(world, _DEFAULT_ONE_SHOT_MAX), _TWO_SHOT_MAX.get(world, _DEFAULT_TWO_SHOT_MAX),
+                   _FUSED_MAX.get(world, _DEFAULT_FUSED_MAX))
 
     def path(self, nbytes: int) -> str:
         if nbytes <= self.one_shot_max:
@@ -138,19 +146,17 @@ class P2PAllReduce:
         self.ops = torch.ops.symm_mem
         self.calls = {"one_shot": 0, "two_shot": 0, "nccl": 0, "fused": 0}  # by path, when issued (and captured)
         self.peers = self._peer_memory(symm_mem, device)
-        # A program of the fused kernel waits for the same program on every other rank, so all of a call's programs
-        # must be running at once: no more rows than SMs (one program each fits anywhere). The ranks agree on the
-        # bound (the fewest SMs of any GPU), so that every rank takes the same path for every message.
-        sms = torch.tensor([torch.cuda.get_device_properties(device).multi_processor_count], device=device)
-        dist.all_reduce(sms, op=dist.ReduceOp.MIN, group=group)
-        self.fused_rows_max = int(sms.item())
 
     def _peer_memory(self, symm_mem: Any, device: torch.device) -> PeerMemory | None:
-        """The fused kernel's buffers (two slots of the one-shot size per rank, per sender) and signal pads, with
-        every rank's pad zeroed before any rank may raise a flag in it; None when the one-shot path is off."""
-        if self.policy.one_shot_max == 0:
+        """The fused kernel's buffers (two slots of `fused_max` per rank, per sender) and signal pads, with every
+        rank's pad zeroed before any rank may raise a flag in it; None when the fused path is off."""
+        if self.policy.fused_max == 0:
             return None
-        nbytes = 2 * self.world * max(self.policy.one_shot_max, 4096)
+        # A program of the fused kernel waits for its peers' programs, so all of a call's programs must run at once:
+        # no more than the SMs of any rank's GPU (one program fits on any SM). The ranks agree on the number.
+        sms = torch.tensor([torch.cuda.get_device_properties(device).multi_processor_count], device=device)
+        dist.all_reduce(sms, op=dist.ReduceOp.MIN, group=self.group)
+        nbytes = 2 * self.world * max(self.policy.fused_max, 4096)
         # Held for the engine's life: every rank's buffer pointers point into it.
         self.fused_buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
@@ -163,7 +169,7 @@ class P2PAllReduce:
         buffers = [ptr + at for ptr in handle.buffer_ptrs]
         return PeerMemory(rank, self.world, torch.tensor(buffers, dtype=torch.int64, device=device),
                           torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device), nbytes, words,
-                          torch.zeros(words // self.world, dtype=torch.int32, device=device))
+                          torch.zeros(words // self.world, dtype=torch.int32, device=device), int(sms.item()))
 
     def close(self) -> None:
         """Drop the group's extra name (before the group is destroyed)."""
@@ -175,11 +181,10 @@ class P2PAllReduce:
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
                      policy: LaunchPolicy) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(RMSNorm(s + residual), s + residual) for s the ranks' sum of `x` [T, n], in one kernel
-        (`all_reduce_add_rms_norm`), when the message fits the one-shot size and the fused buffers; else None: the
+        (`all_reduce_add_rms_norm`), when the message is at most `fused_max` and fits the fused buffers; else None: the
         caller all-reduces and norms. Collective, like every call here."""
         if (self.peers is None or x.dtype != self.dtype or x.dim() != 2 or not x.is_contiguous()
-                or x.nbytes > self.policy.one_shot_max or x.shape[0] > self.fused_rows_max
-                or x.shape[0] > self.peers.max_rows(x.shape[1], x.dtype)):
+                or x.nbytes > self.policy.fused_max or x.shape[0] > self.peers.max_rows(x.shape[1], x.dtype)):
             return None
         self.calls["fused"] += 1
         return all_reduce_add_rms_norm(x, residual, weight, eps, self.peers, policy=policy)
