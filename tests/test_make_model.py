@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from governor.engine.models import tokenizer_builder as tb
 from governor.engine.models.make_model import ARCHS, PRESETS, make_model, preset_config, tensor_shapes
+from governor.engine.models.model_config import load_model_config
 
 transformers = pytest.importorskip("transformers")
 
@@ -159,6 +160,23 @@ def test_a_config_only_directory_has_config_and_tokenizer_but_no_weights(tmp_pat
     assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 80
     assert (tmp_path / "tokenizer.json").exists()
     assert not list(tmp_path.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize(("quantization", "bits"), [("awq", 4), ("gptq", 4), ("fp8", 8)])
+def test_a_config_only_directory_can_name_a_quantized_format(tmp_path: Path, quantization: str, bits: int) -> None:
+    """The 8B shape's config.json with a pre-quantized format the engine reads (load_format 'dummy' draws its packed
+    tensors); dense weights with a quantized config.json are refused."""
+    make_model(tmp_path, "llama", "llama3-8b", weights=False, quantization=quantization)
+    quant = load_model_config(tmp_path).quantization
+    assert quant is not None and (quant.method, quant.bits) == (quantization, bits)
+    if quantization == "fp8":
+        assert quant.block_size == (128, 128)
+    else:
+        assert quant.group_size == 128
+    with pytest.raises(ValueError, match="config-only directory"):
+        make_model(tmp_path / "w", "llama", "tiny", quantization=quantization)
+    with pytest.raises(ValueError, match="make-model writes one of awq, gptq, fp8"):
+        make_model(tmp_path / "w", "llama", "tiny", weights=False, quantization="int3")
 
 
 def test_small_presets_round_the_tokenizer_vocab_up_to_64() -> None:

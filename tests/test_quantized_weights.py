@@ -8,6 +8,7 @@ checkpoint, and the packed tensors are unpacked again into an fp32 Hugging Face 
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from dataclasses import dataclass
@@ -19,8 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from governor.engine import LLM
+from governor.engine.models.checkpoint import dummy_weights
 from governor.engine.models.model_config import UnsupportedModelError, load_model_config
-from governor.engine.models.quantization import QuantizedLinear
+from governor.engine.models.quantization import QuantizedLinear, dummy_linear_tensors
 from tests.conftest import build_hf_checkpoint, count_calls
 from tests.test_engine_parity import greedy, hf_greedy, mixed_prompts
 
@@ -573,10 +575,71 @@ def test_a_rank_share_that_splits_a_group_is_refused_naming_the_sizes(quantized)
         CausalLM(cfg, torch.float32, torch.device("cpu"), 64, PagedAttention("torch", 0.125), TPGroup(0, 2))
 
 
-def test_dummy_weights_for_a_quantized_config_are_refused(quantized) -> None:
-    packed, _ = quantized("llama", AWQ)
-    with pytest.raises(UnsupportedModelError, match="load_format 'dummy'"):
-        LLM(str(packed), dtype="float32", load_format="dummy")
+DUMMY_CASES = {"awq": ("llama", AWQ), "gptq4-sym": GPTQ_CASES["gptq4-sym"], "gptq8-sym": GPTQ_CASES["gptq8-sym"],
+               "fp8-qwen3-32x64": FP8_CASES["qwen3-32x64"], "ct-tensor": CT_CASES["tensor-weight-only"],
+               "ct-block": CT_CASES["block-16x48"]}
+
+
+def unpack_linear(stored: dict[str, torch.Tensor], scheme: Scheme, out_f: int, in_f: int) -> torch.Tensor:
+    """One linear's fp32 weight [out, in] from the tensors a `scheme` checkpoint stores for it, by this file's own
+    unpacking."""
+    if scheme.method == "fp8":
+        assert scheme.block is not None
+        return dequantize_fp8(stored["weight"], stored["weight_scale_inv"], scheme.block)
+    if scheme.method == "compressed-tensors":
+        block = scheme.block or {"channel": (1, in_f), "tensor": (out_f, in_f)}[scheme.strategy]
+        scale = stored["weight_scale"].float().reshape(-(-out_f // block[0]), -(-in_f // block[1]))
+        return dequantize_fp8(stored["weight"], scale, block)
+    if scheme.method == "awq":
+        g_idx = torch.arange(in_f) // (in_f if scheme.group_size == -1 else scheme.group_size)
+        return dequantize(unpack_awq(stored["qweight"]), unpack_awq(stored["qzeros"]), stored["scales"], g_idx)
+    return dequantize(unpack_gptq(stored["qweight"], scheme.bits, 0), unpack_gptq(stored["qzeros"], scheme.bits, 1) + 1,
+                      stored["scales"], stored["g_idx"])
+
+
+@pytest.mark.parametrize("case", DUMMY_CASES)
+def test_dummy_weights_of_a_quantized_config_are_a_checkpoint_of_its_format(quantized, hf_model, tmp_path: Path,
+                                                                            case: str) -> None:
+    """load_format 'dummy' on a pre-quantized config.json draws packed tensors of its format (to measure the kernels
+    without the checkpoint): written to a file they are a checkpoint that loads to the same tokens, and unpacked by
+    this file's own code they are weights transformers gives the same tokens on."""
+    arch, scheme = DUMMY_CASES[case]
+    packed, _ = quantized(arch, scheme)
+    cfg = load_model_config(packed)
+    assert cfg.quantization is not None
+    drawn = {name: t[:] for name, t in dummy_weights(
+        cfg, torch.float32, "cpu", 5, functools.partial(dummy_linear_tensors, cfg.quantization, "cpu", 5))}
+    config = json.loads((packed / "config.json").read_text())
+    oracle = dict(drawn)
+    for layer in range(cfg.num_layers):
+        for name in LINEARS:
+            key = f"model.layers.{layer}.{name}"
+            stored = {k.removeprefix(key + "."): oracle.pop(k) for k in list(oracle) if k.startswith(key + ".")}
+            out_f = stored["scales"].shape[1] if "scales" in stored else stored["weight"].shape[0]
+            in_f = (stored["weight"].shape[1] if "weight" in stored
+                    else stored["qweight"].shape[0] * (1 if scheme.method == "awq" else 32 // scheme.bits))
+            oracle[f"{key}.weight"] = unpack_linear(stored, scheme, out_f, in_f)
+    for out, tensors, cfg_json in ((tmp_path / "ckpt", drawn, config),
+                                   (tmp_path / "oracle", oracle, {k: v for k, v in config.items()
+                                                                  if k != "quantization_config"})):
+        shutil.copytree(packed, out, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, out / "model.safetensors", metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps(cfg_json))
+    prompts = mixed_prompts(3, seed=13)
+    with LLM(str(packed), dtype="float32", load_format="dummy", seed=5) as llm:
+        assert_greedy_parity(llm, hf_model(tmp_path / "oracle"), prompts)
+    with LLM(str(tmp_path / "ckpt"), dtype="float32") as llm:
+        assert_greedy_parity(llm, hf_model(tmp_path / "oracle"), prompts)
+
+
+def test_two_ranks_draw_the_dummy_quantized_weights_one_does(quantized) -> None:
+    packed, _ = quantized(*GPTQ_CASES["gptq4-sym"])
+    prompts = [{"prompt_token_ids": p} for p in mixed_prompts(3, seed=14)]
+    outs = {}
+    for size in (1, 2):
+        with LLM(str(packed), dtype="float32", load_format="dummy", tensor_parallel_size=size) as llm:
+            outs[size] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(NEW_TOKENS))]
+    assert outs[1] == outs[2]
 
 
 def test_fused_projections_with_different_g_idx_are_refused(quantized, tmp_path: Path) -> None:

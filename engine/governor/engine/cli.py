@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     mm.add_argument("--device", default="cpu", help="where weights are generated (cuda is faster for big presets)")
     mm.add_argument("--no-weights", action="store_true",
                     help="write config and tokenizer only, for the engine's --load-format dummy")
+    mm.add_argument("--quantization", default=None, choices=("awq", "gptq", "fp8"),
+                    help="with --no-weights: name this pre-quantized format in config.json (AWQ and GPTQ int4 in "
+                         "groups of 128, fp8 in 128 x 128 blocks); --load-format dummy draws its packed tensors")
 
     gen = sub.add_parser("generate", help="offline generation with the engine")
     gen.add_argument("--model", required=True)
@@ -232,8 +235,10 @@ def _run(args: argparse.Namespace) -> int:
         from governor.engine.models.make_model import make_model
 
         path = make_model(args.dir, arch=args.arch, preset=args.preset, dtype=args.dtype, seed=args.seed,
-                          device=args.device, weights=not args.no_weights)
+                          device=args.device, weights=not args.no_weights, quantization=args.quantization)
         what = "config (no weights)" if args.no_weights else "checkpoint"
+        if args.quantization:
+            what += f", {args.quantization}"
         print(f"wrote {args.arch}/{args.preset} ({args.dtype}) {what} to {path}")
         return 0
     if args.command == "generate":

@@ -106,7 +106,8 @@ class EngineConfig(BaseModel):
                                               "own method checks it; any other combination is an error.")
     load_format: LoadFormat = Field(default="auto", description="'auto' reads the safetensors weights; 'dummy' "
                                     "draws random weights of the checkpoint's shapes from `seed` (config.json "
-                                    "and tokenizer are still read), for benchmarks without the weights on disk.")
+                                    "and tokenizer are still read; a pre-quantized config.json gets random packed "
+                                    "tensors of its format), for benchmarks without the weights on disk.")
 
     @model_validator(mode="after")
     def _caps_hold_initial_knobs(self) -> EngineConfig:

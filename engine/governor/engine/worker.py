@@ -9,6 +9,7 @@ block count, the CUDA graph captures — so they pair up across ranks.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -21,7 +22,8 @@ from governor.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig
 from governor.engine.kv.cache import allocate_kv_cache, bytes_per_block, max_blocks_for_int32_offsets
 from governor.engine.models.checkpoint import LazyTensor, dummy_weights, iter_weights
 from governor.engine.models.llama import CausalLM
-from governor.engine.models.model_config import ModelConfig, UnsupportedModelError
+from governor.engine.models.model_config import ModelConfig
+from governor.engine.models.quantization import dummy_linear_tensors
 from governor.engine.runner import ModelRunner
 from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -104,11 +106,10 @@ class Worker:
         cfg = self.spec.config
         if cfg.load_format == "dummy":
             quant = self.spec.model_config.quantization
-            if quant is not None and not quant.online:
-                raise UnsupportedModelError(f"load_format 'dummy' draws dense random weights, but config.json "
-                                            f"describes a pre-quantized ({quant.method}) checkpoint; load its "
-                                            "weights (load_format 'auto'), or use an unquantized config.json")
-            return dummy_weights(self.spec.model_config, self.spec.dtype, self.device, cfg.seed)
+            # A pre-quantized config.json gets random packed tensors in its format; online fp8 quantizes dense ones.
+            linear = (None if quant is None or quant.online
+                      else functools.partial(dummy_linear_tensors, quant, self.device, cfg.seed))
+            return dummy_weights(self.spec.model_config, self.spec.dtype, self.device, cfg.seed, linear)
         return iter_weights(cfg.model)
 
     def kv_cache_bytes(self) -> int:

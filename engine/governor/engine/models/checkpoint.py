@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -74,18 +75,32 @@ class _InMemory:
         return self.tensor[index]
 
 
-def dummy_weights(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device,
-                  seed: int) -> Iterator[tuple[str, LazyTensor]]:
+# A decoder layer's linear weight, as Hugging Face names it: what a pre-quantized checkpoint stores packed.
+DECODER_LINEAR = re.compile(r"^(model\.layers\.\d+\.(?:self_attn|mlp)\.\w+_proj)\.weight$")
+
+# Stands in for a decoder linear's weight: (its name less ".weight", out features, in features) -> the tensors a
+# checkpoint stores for it instead, by their names.
+LinearTensors = Callable[[str, int, int], Iterator[tuple[str, torch.Tensor]]]
+
+
+def dummy_weights(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.device, seed: int,
+                  linear: LinearTensors | None = None) -> Iterator[tuple[str, LazyTensor]]:
     """Random weights with the checkpoint's tensor names and shapes, one tensor at a time, drawn by
     `governor make-model`'s recipe (N(0, 0.02), norms 1): the same seed on the same device type gives
-    the values `make-model --seed` writes, and every tensor-parallel size sees the same full tensors."""
+    the values `make-model --seed` writes, and every tensor-parallel size sees the same full tensors.
+    `linear` draws each decoder linear's tensors instead (a pre-quantized checkpoint's packed ones)."""
     shapes = hf_tensor_shapes(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                               intermediate_size=cfg.intermediate_size, num_layers=cfg.num_layers,
                               num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                               qkv_bias=cfg.attention_bias, qk_norm=cfg.qk_norm,
                               tie_word_embeddings=cfg.tie_word_embeddings)
     for name, shape in shapes.items():
-        yield name, _InMemory(init_tensor(name, shape, dtype, str(device), seed))
+        match = DECODER_LINEAR.match(name) if linear is not None else None
+        if match is not None and linear is not None:
+            for stored, tensor in linear(match.group(1), *shape):
+                yield stored, _InMemory(tensor)
+        else:
+            yield name, _InMemory(init_tensor(name, shape, dtype, str(device), seed))
 
 
 def _digest(paths: list[Path]) -> str:

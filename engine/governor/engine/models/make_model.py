@@ -37,7 +37,7 @@ _LLAMA3_ROPE_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-_INIT_STD = 0.02
+INIT_STD = 0.02
 _SMALL_PRESET_VOCAB_MULTIPLE = 64
 
 
@@ -104,7 +104,7 @@ def preset_config(arch: str, preset: str, vocab_size: int, dtype: str = "bfloat1
         "head_dim": p.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": p.max_position_embeddings,
-        "initializer_range": _INIT_STD,
+        "initializer_range": INIT_STD,
         "rms_norm_eps": p.rms_norm_eps,
         # Both RoPE spellings: rope_theta + rope_scaling for transformers 4 and other engines,
         # rope_parameters for transformers 5 (which reads either and writes only this one).
@@ -187,14 +187,18 @@ def init_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: s
     """The value make-model gives tensor `name`: ones for norms, else N(0, 0.02) drawn from (seed, name)."""
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype, device=device)
-    # One generator per tensor, seeded from (seed, name): a tensor's values do not depend on the
-    # shard layout or the other tensors, and drawing in float32 then rounding makes a bf16 model the
-    # rounded fp32 one.
+    # Drawing in float32 then rounding makes a bf16 model the rounded fp32 one.
+    values = torch.randn(shape, generator=tensor_generator(name, device, seed), dtype=torch.float32, device=device)
+    return values.mul_(INIT_STD).to(dtype)
+
+
+def tensor_generator(name: str, device: str | torch.device, seed: int) -> torch.Generator:
+    """The generator tensor `name` is drawn from, seeded from (seed, name): a tensor's values do not depend on the
+    shard layout or the other tensors."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     generator = torch.Generator(device=device)
     generator.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
-    values = torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
-    return values.mul_(_INIT_STD).to(dtype)
+    return generator
 
 
 def _remove_old_weights(out_dir: Path) -> None:
@@ -229,6 +233,16 @@ def _write_weights(out_dir: Path, config: dict[str, Any], dtype: torch.dtype, de
                     {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map})
 
 
+# `quantization_config` of the pre-quantized formats a config-only directory can name (`make_model(quantization=)`):
+# the layouts the widely used checkpoints ship (int4 with groups of 128; fp8 in blocks of 128 x 128).
+QUANTIZATION_CONFIGS: dict[str, dict[str, Any]] = {
+    "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm", "zero_point": True},
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
+             "checkpoint_format": "gptq"},
+    "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]},
+}
+
+
 def _write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
@@ -242,6 +256,7 @@ def make_model(
     device: str = "cpu",
     max_shard_bytes: int = 5 * 2**30,
     weights: bool = True,
+    quantization: str | None = None,
 ) -> Path:
     """Write a random-weight Hugging Face checkpoint of family `arch` and shapes `preset` to `out_dir`.
 
@@ -252,8 +267,18 @@ def make_model(
     a time. Also writes config.json, generation_config.json and the tokenizer files
     (`tokenizer_builder`). Existing weight files in `out_dir` are replaced. With `weights=False` no
     weights are written (a config-only directory for the engine's load_format "dummy"). Returns `out_dir`.
+    `quantization` (one of `QUANTIZATION_CONFIGS`, config-only directories alone) names a pre-quantized format in
+    config.json, whose packed tensors load_format "dummy" then draws.
     """
     config = preset_config(arch, preset, tokenizer_builder.VOCAB_SIZE, dtype)
+    if quantization is not None:
+        if quantization not in QUANTIZATION_CONFIGS:
+            raise ValueError(f"quantization {quantization!r}: make-model writes one of "
+                             f"{', '.join(QUANTIZATION_CONFIGS)}")
+        if weights:
+            raise ValueError("make-model writes dense weights; a quantized format goes in a config-only directory "
+                             "(no weights), whose packed tensors the engine's load_format 'dummy' draws")
+        config["quantization_config"] = dict(QUANTIZATION_CONFIGS[quantization])
     if max_shard_bytes <= 0:
         raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
     out = Path(out_dir)

@@ -47,10 +47,13 @@ used); the one-row GEMVs that `forward` takes on the fused path are the only qua
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
 from governor.engine.models.checkpoint import LazyTensor, read_share
+from governor.engine.models.make_model import INIT_STD, tensor_generator
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
 from governor.kernels.gemv import awq_gemv, fp8_gemv, fp8_gemv_usable, gptq_gemv, packed_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
@@ -86,6 +89,43 @@ def quantize_activations_ref(x: torch.Tensor, group: int) -> torch.Tensor:
     scale = (xf.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
     q = (xf / scale).to(FP8_DTYPE).float() * scale
     return q.reshape(*x.shape[:-1], padded)[..., :n].to(x.dtype)
+
+
+def dummy_linear_tensors(quant: WeightQuantization, device: str | torch.device, seed: int, prefix: str,
+                         out_features: int, in_features: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random tensors of one linear (`prefix`: its name less ".weight") as a `quant` checkpoint stores them: what load
+    format "dummy" reads for a pre-quantized config.json, so its kernels can be measured without the checkpoint.
+    Codes are uniform random bits (fp8: N(0, 64) in e4m3), scales constant, chosen so the dequantized weights spread
+    about as `make-model`'s dense ones do (0.02); GPTQ's g_idx keeps the features in order. Drawn from (seed, prefix)
+    as `make-model` draws a tensor: every tensor-parallel size sees the same full tensors."""
+    gen = tensor_generator(prefix, device, seed)
+    if quant.method in FP8_METHODS:
+        normal = torch.randn(out_features, in_features, generator=gen, device=device).mul_(64.0)
+        yield f"{prefix}.weight", normal.clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE)
+        blocks = quant.block_size
+        shape = ((-(-out_features // blocks[0]), -(-in_features // blocks[1])) if blocks is not None
+                 else (1,) if quant.per_tensor else (out_features, 1))
+        name = "weight_scale_inv" if quant.method == "fp8" else "weight_scale"
+        yield f"{prefix}.{name}", torch.full(shape, INIT_STD / 64.0, dtype=torch.float32, device=device)
+        return
+    pack = 32 // quant.bits
+    groups = 1 if quant.group_size == -1 else in_features // quant.group_size
+
+    def random_bits(*shape: int) -> torch.Tensor:
+        return torch.randint(-2**31, 2**31 - 1, shape, generator=gen, dtype=torch.int32, device=device)
+
+    # (q - z) of two uniform b-bit codes spreads 2^b / sqrt(6).
+    scales = torch.full((groups, out_features), INIT_STD * 6**0.5 / 2**quant.bits, dtype=torch.float16,
+                        device=device)
+    if quant.method == "awq":
+        yield f"{prefix}.qweight", random_bits(in_features, out_features // pack)
+    else:
+        yield f"{prefix}.qweight", random_bits(in_features // pack, out_features)
+    yield f"{prefix}.qzeros", random_bits(groups, out_features // pack)
+    yield f"{prefix}.scales", scales
+    if quant.method == "gptq":
+        group = in_features if quant.group_size == -1 else quant.group_size
+        yield f"{prefix}.g_idx", torch.arange(in_features, dtype=torch.int32, device=device) // group
 
 
 def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
