@@ -94,8 +94,9 @@ def test_gpt_fast_latency_defaults_to_the_llama3_8b_shape_in_bf16() -> None:
     assert (args.weights, args.model_name, args.context, args.new_tokens) == ("bf16", "llama-3-8b", 512, 128)
     assert (args.temperature, args.top_k) == (0.8, 200)  # gpt-fast generate.py's
     assert gpt_fast_latency.parse_args(["--gpt-fast-dir", "gf", "--weights", "int8"]).weights == "int8"
+    assert gpt_fast_latency.parse_args(["--gpt-fast-dir", "gf", "--weights", "int4"]).weights == "int4"
     with pytest.raises(SystemExit):
-        gpt_fast_latency.parse_args(["--gpt-fast-dir", "gf", "--weights", "int4"])
+        gpt_fast_latency.parse_args(["--gpt-fast-dir", "gf", "--weights", "int2"])
 
 
 def test_gpt_fast_latency_says_where_to_get_gpt_fast_when_the_checkout_is_missing(tmp_path: Path) -> None:

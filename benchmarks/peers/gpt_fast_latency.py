@@ -1,11 +1,16 @@
-"""gpt-fast's batch-1 decode latency on a model shape of its own with random weights, bf16 or int8 weight-only:
+"""gpt-fast's batch-1 decode latency on a model shape of its own with random weights, bf16, or int8 or int4
+weight-only:
 
-    python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir .peers/gpt-fast --weights bf16|int8 \\
+    python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir .peers/gpt-fast --weights bf16|int8|int4 \\
         --context 512 --new-tokens 128 --output-json lat-gpt-fast-bf16.json
 
 The model is gpt-fast's `Transformer.from_name(--model-name)` (default llama-3-8b, the shape of the engine's
 llama3-8b preset) with random bf16 weights drawn on the GPU; int8 quantizes them with gpt-fast's
-`WeightOnlyInt8QuantHandler` (per-channel int8 weights, bf16 scales), as its quantize.py does. It is compiled as
+`WeightOnlyInt8QuantHandler` (per-channel int8 weights, bf16 scales), as its quantize.py does; int4 with its
+`WeightOnlyInt4QuantHandler` (groups of 128, inner_k_tiles 8, for `torch.ops.aten._weight_int4pack_mm`). gpt-fast
+hands `_convert_weight_to_int4pack` one int32 per code, which PyTorch since 2.5 refuses: it takes two 4-bit codes per
+uint8, so the codes are packed that way first (what torchao does); nothing else of gpt-fast changes. Both handlers
+quantize every linear, the output projection (lm_head) included. It is compiled as
 gpt-fast's generate.py compiles it (its module's inductor settings, `torch.compile(decode_one_token,
 mode="reduce-overhead", fullgraph=True)`, everything under `torch.no_grad()`) and run by gpt-fast's own
 `prefill` and `decode_n_tokens` with its default sampling (temperature 0.8, top-k 200).
@@ -44,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python3 -m benchmarks.peers.gpt_fast_latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpt-fast-dir", type=Path, required=True, help="a gpt-fast checkout (model.py, generate.py)")
-    p.add_argument("--weights", default="bf16", choices=("bf16", "int8"), help="int8: weight-only, per channel")
+    p.add_argument("--weights", default="bf16", choices=("bf16", "int8", "int4"),
+                   help="int8: weight-only, per channel; int4: weight-only, groups of 128")
     p.add_argument("--model-name", default="llama-3-8b", help="a name of gpt-fast's transformer_configs")
     p.add_argument("--context", type=int, default=512, help="prompt tokens")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated, the first included")
@@ -77,8 +83,8 @@ def import_gpt_fast(gpt_fast_dir: Path) -> tuple[Any, Any]:
 
 
 def random_model(generate: Any, quantize: Any, name: str, weights: str) -> Any:
-    """gpt-fast's Transformer of shape `name` on the GPU with random bf16 weights (norms 1), int8 weight-only
-    quantized by gpt-fast's handler when `weights` is int8."""
+    """gpt-fast's Transformer of shape `name` on the GPU with random bf16 weights (norms 1), int8 or int4 weight-only
+    quantized by gpt-fast's handler when `weights` says so."""
     import torch
 
     default = torch.get_default_dtype()
@@ -95,12 +101,29 @@ def random_model(generate: Any, quantize: Any, name: str, weights: str) -> Any:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02)
-    if weights == "int8":
-        handler = quantize.WeightOnlyInt8QuantHandler(model)
+    if weights in ("int8", "int4"):
+        if weights == "int4":
+            quantize.prepare_int4_weight_and_scales_and_zeros = _int4_packing(quantize)
+            handler = quantize.WeightOnlyInt4QuantHandler(model, groupsize=128, inner_k_tiles=8)
+        else:
+            handler = quantize.WeightOnlyInt8QuantHandler(model)
         state = handler.create_quantized_state_dict()
         model = handler.convert_for_runtime()
         model.load_state_dict(state, assign=True)
     return model.to(device="cuda", dtype=torch.bfloat16).eval()
+
+
+def _int4_packing(quantize: Any) -> Any:
+    """gpt-fast's prepare_int4_weight_and_scales_and_zeros with its codes packed two per uint8 (high nibble first)
+    before `_convert_weight_to_int4pack`, as PyTorch since 2.5 takes them."""
+    import torch
+
+    def prepare(weight_bf16: Any, groupsize: int, inner_k_tiles: int) -> tuple[Any, Any]:
+        codes, scales_and_zeros = quantize.group_quantize_tensor(weight_bf16, n_bit=4, groupsize=groupsize)
+        packed = (codes[:, ::2] << 4 | codes[:, 1::2]).to(torch.uint8)
+        return torch.ops.aten._convert_weight_to_int4pack(packed, inner_k_tiles), scales_and_zeros
+
+    return prepare
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

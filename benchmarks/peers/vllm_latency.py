@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-format", default="dummy", help="dummy: random weights from config.json")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="fp8: vLLM quantizes the dense weights at load (a pre-quantized config.json needs nothing)")
     p.add_argument("--max-model-len", type=int, default=4096, help="as the engine's latency run")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
@@ -60,7 +62,8 @@ def llm_settings(args: argparse.Namespace) -> dict[str, Any]:
             "kv_cache_dtype": args.kv_cache_dtype, "max_model_len": args.max_model_len, "seed": args.seed,
             "max_num_seqs": 1, "gpu_memory_utilization": args.gpu_memory_utilization,
             "tensor_parallel_size": args.tensor_parallel_size,
-            "compilation_config": {"cudagraph_capture_sizes": capture_sizes(1)}}
+            "compilation_config": {"cudagraph_capture_sizes": capture_sizes(1)},
+            **({"quantization": args.quantization} if args.quantization else {})}
 
 
 def timed_request(vllm: Any, engine: Any, prompt: list[int], new_tokens: int) -> dict[str, Any]:
