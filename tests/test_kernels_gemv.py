@@ -14,11 +14,15 @@ from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
 from governor.kernels.gemv import (
+    FP8_SCALE_ON_X,
+    FP8_SCALE_PER_ELEMENT,
+    FP8_SCALE_PER_ROW,
     awq_gemv,
     awq_gemv_ref,
     block_k_for,
     fp8_gemv,
     fp8_gemv_ref,
+    fp8_scale_mode,
     gemv,
     gemv_ref,
     gemv_usable,
@@ -191,18 +195,25 @@ def _dequantized(codes: torch.Tensor, scale: torch.Tensor, block: tuple[int, int
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k,block", [(64, 128, (1, 128)), (48, 200, (16, 48)), (36, 64, (36, 64))],
-                         ids=["per-row", "ragged-blocks", "one-block"])
+@pytest.mark.parametrize("n,k,block,mode", [(64, 128, (1, 128), FP8_SCALE_PER_ROW),
+                                            (48, 200, (16, 48), FP8_SCALE_ON_X),
+                                            (36, 64, (36, 64), FP8_SCALE_PER_ROW),
+                                            (40, 96, (10, 32), FP8_SCALE_PER_ELEMENT)],
+                         ids=["per-row", "ragged-blocks", "one-block", "rows-across-blocks"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
 def test_fp8_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, n: int, k: int,
-                                                                     block: tuple[int, int], with_bias: bool) -> None:
+                                                                     block: tuple[int, int], mode: int,
+                                                                     with_bias: bool) -> None:
+    """Every place the scales apply (per row, on x's side, per element, by the blocking and a tile of 4 rows) gives
+    x times the exact dequantized weight (the codes times their scales in fp32, never rounded), in one rounding."""
+    assert fp8_scale_mode(block, k, 4) == mode
     codes, scale = _fp8_weight(n, k, block, seed=10)
     x = seeded_randn(1, k, dtype=dtype, seed=11)
     bias = seeded_randn(n, dtype=dtype, seed=12) if with_bias else None
     got = fp8_gemv(x, codes, scale, block, bias, policy=_tiles(4, 64, 4))  # several K steps, a ragged last one
-    _assert_sum_order_close(got, x, _dequantized(codes, scale, block, dtype), bias, False)
+    _assert_sum_order_close(got, x, _dequantized(codes, scale, block, torch.float32), bias, False)
     ref = fp8_gemv_ref(x, codes, scale, block, bias)
-    _assert_sum_order_close(ref, x, _dequantized(codes, scale, block, dtype), bias, False)
+    _assert_sum_order_close(ref, x, _dequantized(codes, scale, block, torch.float32), bias, False)
 
 
 @needs_triton
@@ -223,7 +234,7 @@ def test_gpu_fp8_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_produc
                                                                                 block: tuple[int, int]) -> None:
     codes, scale = _fp8_weight(n, k, block, seed=15)
     x = seeded_randn(1, k, dtype=torch.bfloat16, seed=16)
-    _assert_sum_order_close(fp8_gemv(x, codes, scale, block), x, _dequantized(codes, scale, block, torch.bfloat16),
+    _assert_sum_order_close(fp8_gemv(x, codes, scale, block), x, _dequantized(codes, scale, block, torch.float32),
                             None, False)
 
 
@@ -249,8 +260,8 @@ def test_awq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: tor
     bias = seeded_randn(n, dtype=dtype, seed=19) if with_bias else None
     args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales")]
     got = awq_gemv(x, *args, group, bias)
-    _assert_sum_order_close(got, x, weight.to(DEVICE, dtype), bias, False)
-    _assert_sum_order_close(awq_gemv_ref(x, *args, group, bias), x, weight.to(DEVICE, dtype), bias, False)
+    _assert_sum_order_close(got, x, weight.to(DEVICE), bias, False)
+    _assert_sum_order_close(awq_gemv_ref(x, *args, group, bias), x, weight.to(DEVICE), bias, False)
 
 
 @needs_triton
@@ -275,7 +286,7 @@ def test_gpu_awq_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_produc
     scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.01).half()
     x = seeded_randn(1, k, dtype=torch.bfloat16, seed=22)
     weight = awq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, 128)  # W.T
-    _assert_sum_order_close(awq_gemv(x, qweight, qzeros, scales, 128), x, weight.t().to(torch.bfloat16), None, False)
+    _assert_sum_order_close(awq_gemv(x, qweight, qzeros, scales, 128), x, weight.t(), None, False)
 
 
 # --- GPTQ int4 / int8 weights ---------------------------------------------------------------------------------------
@@ -300,8 +311,11 @@ def test_gptq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: to
     x = seeded_randn(1, k, dtype=dtype, seed=25)
     bias = seeded_randn(n, dtype=dtype, seed=26) if with_bias else None
     args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales", "g_idx")]
-    _assert_sum_order_close(gptq_gemv(x, *args, bits, bias), x, weight.to(DEVICE, dtype), bias, False)
-    _assert_sum_order_close(gptq_gemv_ref(x, *args, bits, bias), x, weight.to(DEVICE, dtype), bias, False)
+    _assert_sum_order_close(gptq_gemv(x, *args, bits, bias), x, weight.to(DEVICE), bias, False)
+    _assert_sum_order_close(gptq_gemv_ref(x, *args, bits, bias), x, weight.to(DEVICE), bias, False)
+    if not act_order:  # the caller knows the groups are in order: the grouped steps
+        _assert_sum_order_close(gptq_gemv(x, *args, bits, bias, group_size=k if group == -1 else group), x,
+                                weight.to(DEVICE), bias, False)
 
 
 @needs_triton
@@ -331,5 +345,8 @@ def test_gpu_gptq_gemv_at_a_real_shape_is_within_one_bf16_step_of_the_exact_prod
     g_idx = torch.randperm(k, device="cuda", generator=gen).to(torch.int32) // 128  # act order
     x = seeded_randn(1, k, dtype=torch.bfloat16, seed=29)
     weight = gptq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, g_idx, bits)
-    _assert_sum_order_close(gptq_gemv(x, qweight, qzeros, scales, g_idx, bits), x, weight.t().to(torch.bfloat16),
+    _assert_sum_order_close(gptq_gemv(x, qweight, qzeros, scales, g_idx, bits), x, weight.t(), None, False)
+    in_order = torch.arange(k, device="cuda", dtype=torch.int32) // 128  # the grouped steps
+    weight = gptq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, in_order, bits)
+    _assert_sum_order_close(gptq_gemv(x, qweight, qzeros, scales, in_order, bits, group_size=128), x, weight.t(),
                             None, False)

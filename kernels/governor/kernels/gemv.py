@@ -133,17 +133,23 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, sil
 # --- fp8 weights ------------------------------------------------------------------------------------------------
 # A pre-quantized (or load-quantized) fp8 linear: w [N, K] in e4m3 and a float32 scale per (bn, bk) block of it,
 # scale [ceil(N / bn), ceil(K / bk)] (one row per output feature: (1, K); one per block: fp8 checkpoints' 128 x 128).
-# The weight is W = w * scale, rounded to the activation dtype (as models/quantization.py's reference path builds
-# it); `fp8_gemv` computes x @ W.T for one row without building W, reading the weight's bytes once.
+# The weight is W = w * scale; `fp8_gemv` computes x @ W.T for one row in fp32 without building W, reading the
+# weight's bytes once, and rounds once to x's dtype. It never rounds W itself (the reference path's dense W is
+# rounded to the activation dtype; a sum over exact products is at least as close to the quantized model). So that
+# each weight byte costs a conversion and a multiply-add and no more, a scale is applied where it is constant:
+# - one column block (per-row scales, the load-quantized and per-channel formats): to each row's sum, at the end;
+# - a program's rows within one row block (128 x 128 blocks and a tile of 4 rows): to x, once per K step;
+# - any other blocking: to each weight element (its scale gathered per element: the slow general case).
 
 
 def fp8_gemv_ref(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What `fp8_gemv` computes, in PyTorch: F.linear(x, (w * scale per block) in x's dtype, bias)."""
+    """What `fp8_gemv` computes, in PyTorch: x times the exact weight (w * its block's scale), in fp32, plus bias,
+    rounded once to x's dtype."""
     bn, bk = block
     n, k = w.shape
     s = scale.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
-    return F.linear(x, (w.float() * s).to(x.dtype), bias)
+    return F.linear(x.float(), w.float() * s, None if bias is None else bias.float()).to(x.dtype)
 
 
 def fp8_gemv_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -152,44 +158,70 @@ def fp8_gemv_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
             and w.dtype == torch.float8_e4m3fn and w.is_contiguous())
 
 
+FP8_SCALE_PER_ELEMENT, FP8_SCALE_PER_ROW, FP8_SCALE_ON_X = 0, 1, 2  # where `fp8_gemv` applies the scales
+
+
+def fp8_scale_mode(block: tuple[int, int], k: int, block_n: int) -> int:
+    """Where a launch of `block_n`-row tiles applies the scales of `block`-sized blocks over K inputs."""
+    bn, bk = block
+    if bk >= k:
+        return FP8_SCALE_PER_ROW
+    return FP8_SCALE_ON_X if bn % block_n == 0 else FP8_SCALE_PER_ELEMENT
+
+
 @triton.jit
-def _scaled_w_tile(w_rows, s_rows, ks, n_mask, K: tl.constexpr, BK_SCALE: tl.constexpr, EVEN: tl.constexpr,
-                   dtype: tl.constexpr):
-    # The weight's [BLOCK_N, BLOCK_K] tile at columns ks times each entry's block scale, rounded to the activation
-    # dtype as the reference's dequantized weight is, in fp32.
-    if EVEN:
-        w = tl.load(w_rows + ks[None, :]).to(tl.float32)
-        s = tl.load(s_rows + (ks // BK_SCALE)[None, :])
-    else:
-        mask = n_mask[:, None] & (ks < K)[None, :]
-        w = tl.load(w_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(s_rows + (ks // BK_SCALE)[None, :], mask=mask, other=0.0)
-    return round_to(w * s, dtype)
+def _fp8_w_tile(w_rows, s_rows, ks, n_mask, K: tl.constexpr, BK_SCALE: tl.constexpr, EVEN: tl.constexpr,
+                SCALE: tl.constexpr):
+    # The codes' [BLOCK_N, BLOCK_K] tile at columns ks in fp32; with per-element scales, each times its own.
+    w = _w_tile(w_rows, ks, n_mask, K, EVEN)
+    if SCALE == 0:
+        if EVEN:
+            w *= tl.load(s_rows[:, None] + (ks // BK_SCALE)[None, :])
+        else:
+            w *= tl.load(s_rows[:, None] + (ks // BK_SCALE)[None, :], mask=n_mask[:, None] & (ks < K)[None, :],
+                         other=0.0)
+    return w
+
+
+@triton.jit
+def _fp8_x_tile(x_ptr, s_row, ks, K: tl.constexpr, BK_SCALE: tl.constexpr, SCALE: tl.constexpr,
+                dtype: tl.constexpr):
+    # x's BLOCK_K values in fp32; with the scales on x's side, each times its column block's scale in the program's
+    # row block (`s_row`: that row of the scales).
+    x = _x_tile(x_ptr, ks, K, False, dtype)
+    if SCALE == 2:
+        x *= tl.load(s_row + ks // BK_SCALE, mask=ks < K, other=0.0)
+    return x
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, n, stride_s, K: tl.constexpr, BN_SCALE: tl.constexpr,
                      BK_SCALE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):
-    # `_gemv_kernel` with the weight in e4m3 and a scale per block: same program shape, same PDL prologue.
+                     EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SCALE: tl.constexpr, PDL: tl.constexpr):
+    # `_gemv_kernel` with the weight in e4m3 and a scale per block: same program shape, same PDL prologue; SCALE says
+    # where the scales apply (FP8_SCALE_*).
     dtype = out_ptr.dtype.element_ty
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = tl.program_id(0) * BLOCK_N
+    cols = first + tl.arange(0, BLOCK_N)
     n_mask = cols < n
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
-    s_rows = s_ptr + (cols // BN_SCALE).to(tl.int64)[:, None] * stride_s
+    s_rows = s_ptr + (cols // BN_SCALE).to(tl.int64) * stride_s
+    s_row = s_ptr + (first // BN_SCALE).to(tl.int64) * stride_s  # the program's row block (SCALE 2)
     kk = tl.arange(0, BLOCK_K)
     even = EVEN_N and EVEN_K
     if PDL:
         gdc_launch_dependents()
-    w = _scaled_w_tile(w_rows, s_rows, kk, n_mask, K, BK_SCALE, even, dtype)
+    w = _fp8_w_tile(w_rows, s_rows, kk, n_mask, K, BK_SCALE, even, SCALE)
     if PDL:
         gdc_wait()
-    acc = w * _x_tile(x_ptr, kk, K, False, dtype)[None, :]
+    acc = w * _fp8_x_tile(x_ptr, s_row, kk, K, BK_SCALE, SCALE, dtype)[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + kk
-        acc += _scaled_w_tile(w_rows, s_rows, ks, n_mask, K, BK_SCALE, even, dtype) * \
-            _x_tile(x_ptr, ks, K, False, dtype)[None, :]
+        acc += _fp8_w_tile(w_rows, s_rows, ks, n_mask, K, BK_SCALE, even, SCALE) * \
+            _fp8_x_tile(x_ptr, s_row, ks, K, BK_SCALE, SCALE, dtype)[None, :]
     out = tl.sum(acc, axis=1)
+    if SCALE == 1:
+        out *= tl.load(s_rows, mask=n_mask, other=0.0)
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
@@ -213,7 +245,8 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple
     _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, scale, out if bias is None else bias, out, n, scale.stride(0), K=k, BN_SCALE=bn, BK_SCALE=bk,
         BLOCK_N=config.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, EVEN_N=n % config.block_n == 0,
-        EVEN_K=k % block_k == 0, PDL=pdl, num_warps=config.num_warps, **pdl_launch(pdl),
+        EVEN_K=k % block_k == 0, SCALE=fp8_scale_mode(block, k, config.block_n), PDL=pdl,
+        num_warps=config.num_warps, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 
@@ -222,12 +255,19 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple
 # AWQ's GEMM layout (models/quantization.py): qweight [K, N/8] int32, 8 four-bit codes per int32 along the output
 # features, nibble j holding column AWQ_ORDER[j] = (0, 2, 4, 6, 1, 3, 5, 7)[j] of its eight; qzeros [G, N/8] packed
 # the same way; scales [G, N] float16; G = K / group_size. W[o, i] = (q[i, o] - z[i // group_size, o]) *
-# s[i // group_size, o], computed in fp32 and rounded to the activation dtype (as the reference path builds it).
+# s[i // group_size, o], exact in fp32; `awq_gemv` and `gptq_gemv` sum x times it in fp32 and round once (never
+# rounding W itself, as `fp8_gemv`).
+#
+# Where every K step lies in one group (groups of consecutive features: AWQ always, GPTQ without act order), a step's
+# zero points and scales are one per output feature: the step sums q * x per feature, then applies them once,
+# s * (sum(q * x) - z * sum(x)), so a code costs its unpacking and a multiply-add. Act order (GPTQ's g_idx scattering
+# the features over the groups) gathers each code's zero point and scale (the slow general case).
 
 
 def awq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What `awq_gemv` computes, in PyTorch: the weight unpacked and dequantized in fp32, rounded to x's dtype."""
+    """What `awq_gemv` computes, in PyTorch: x times the weight unpacked and dequantized in fp32, plus bias, rounded
+    once to x's dtype."""
     order = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7], device=qweight.device)  # column c's nibble (AWQ_ORDER inverted)
     shifts = 4 * order.repeat(qweight.shape[1])
 
@@ -236,7 +276,7 @@ def awq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, s
 
     groups = torch.arange(qweight.shape[0], device=qweight.device) // group_size
     w = (unpack(qweight) - unpack(qzeros)[groups]).float() * scales.float()[groups]  # [K, N]
-    return F.linear(x, w.t().to(x.dtype), bias)
+    return F.linear(x.float(), w.t(), None if bias is None else bias.float()).to(x.dtype)
 
 
 def packed_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
@@ -247,68 +287,100 @@ def packed_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr, dtype: tl.constexpr):
-    # The dequantized weight's [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), in fp32, rounded
-    # to the activation dtype.
-    packs = n // 8
-    shifts = ((cols % 8) // 2 + (cols % 2) * 4) * 4  # column c's nibble: (c % 8) // 2, plus 4 for odd c
+def _codes(qw_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr):
+    # The unsigned codes' [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), int32.
     mask = (ks < K)[:, None] & (cols < n)[None, :]
-    groups = ks // GROUP
-    q = (tl.load(qw_ptr + ks.to(tl.int64)[:, None] * packs + (cols // 8)[None, :], mask=mask, other=0)
-         >> shifts[None, :]) & 0xF
-    z = (tl.load(qz_ptr + groups.to(tl.int64)[:, None] * packs + (cols // 8)[None, :], mask=mask, other=0)
-         >> shifts[None, :]) & 0xF
-    s = tl.load(s_ptr + groups.to(tl.int64)[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    return round_to((q - z).to(tl.float32) * s, dtype)
+    if GPTQ:  # packed along the input features, lowest bits first
+        per: tl.constexpr = 32 // BITS
+        words = tl.load(qw_ptr + (ks // per).to(tl.int64)[:, None] * n + cols[None, :], mask=mask, other=0)
+        return (words >> ((ks % per) * BITS)[:, None]) & ((1 << BITS) - 1)
+    # AWQ: along the output features, column c in nibble (c % 8) // 2, plus 4 for odd c
+    words = tl.load(qw_ptr + ks.to(tl.int64)[:, None] * (n // 8) + (cols // 8)[None, :], mask=mask, other=0)
+    return (words >> (((cols % 8) // 2 + (cols % 2) * 4) * 4)[None, :]) & 0xF
 
 
 @triton.jit
-def _packed_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr,
-                   BITS: tl.constexpr, GPTQ: tl.constexpr, dtype: tl.constexpr):
-    # The dequantized weight's tile in either format (GPTQ: its BITS-bit codes and g_idx; AWQ: 4 bits, GROUP).
+def _zeros(qz_ptr, groups, cols, n, mask, BITS: tl.constexpr, GPTQ: tl.constexpr):
+    # The zero points of output features cols in groups `groups` (any shapes that broadcast together), int32.
+    if GPTQ:  # packed along the output features, stored one less than the zero point
+        per: tl.constexpr = 32 // BITS
+        words = tl.load(qz_ptr + groups * (n // per) + cols // per, mask=mask, other=0)
+        return ((words >> ((cols % per) * BITS)) & ((1 << BITS) - 1)) + 1
+    words = tl.load(qz_ptr + groups * (n // 8) + cols // 8, mask=mask, other=0)
+    return (words >> (((cols % 8) // 2 + (cols % 2) * 4) * 4)) & 0xF
+
+
+@triton.jit
+def _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr,
+                 BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, dtype: tl.constexpr):
+    # The contribution of the K step at k0 (input features ks, codes q from `_codes`) to the program's BLOCK_N
+    # outputs, in fp32.
+    x = _x_tile(x_ptr, ks, K, False, dtype)
+    q = q.to(tl.float32)
+    n_mask = cols < n
+    if GROUPED:  # the step lies in one group: its zero points and scales apply to the step's sums
+        group = k0 // GROUP
+        z = _zeros(qz_ptr, group, cols, n, n_mask, BITS, GPTQ).to(tl.float32)
+        s = tl.load(s_ptr + group * n + cols, mask=n_mask, other=0.0).to(tl.float32)
+        return s * (tl.sum(q * x[:, None], axis=0) - z * tl.sum(x, axis=0))
+    mask = (ks < K)[:, None] & n_mask[None, :]
     if GPTQ:
-        w = _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K, BITS, dtype)
+        groups = tl.load(g_ptr + ks, mask=ks < K, other=0).to(tl.int64)[:, None]
     else:
-        w = _awq_w_tile(qw_ptr, qz_ptr, s_ptr, ks, cols, n, K, GROUP, dtype)
-    return w
+        groups = (ks // GROUP).to(tl.int64)[:, None]
+    z = _zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ).to(tl.float32)
+    s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return tl.sum((q - z) * s * x[:, None], axis=0)
 
 
 @triton.jit
 def _packed_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, K: tl.constexpr, GROUP: tl.constexpr,
-                        BITS: tl.constexpr, GPTQ: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    # One-row GEMV over AWQ's (GPTQ False) or GPTQ's packed integer weights. Program: BLOCK_N output features (AWQ:
-    # whole packs of 8). The K loop accumulates [BLOCK_K, BLOCK_N] products and reduces over K once at the end; the
-    # first weight tile (with its zeros and scales) is read before waiting for x (PDL), as `_gemv_kernel`.
+                        BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # One-row GEMV over AWQ's (GPTQ False) or GPTQ's packed integer weights. Program: BLOCK_N output features, a sum
+    # per K step (GROUPED: zero points and scales applied to it; see above). The first step's codes are read before
+    # waiting for the kernel before (PDL), as `_gemv_kernel` reads its first weight tile.
     dtype = out_ptr.dtype.element_ty
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
     if PDL:
         gdc_launch_dependents()
-    w = _packed_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kk, cols, n, K, GROUP, BITS, GPTQ, dtype)
+    q = _codes(qw_ptr, kk, cols, n, K, BITS, GPTQ)
     if PDL:
         gdc_wait()
-    acc = w * _x_tile(x_ptr, kk, K, False, dtype)[:, None]
+    out = _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, 0, kk, cols, n, K, GROUP, BITS, GPTQ, GROUPED, dtype)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + kk
-        acc += _packed_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K, GROUP, BITS, GPTQ, dtype) * \
-            _x_tile(x_ptr, ks, K, False, dtype)[:, None]
-    out = tl.sum(acc, axis=0)
+        out += _packed_step(x_ptr, _codes(qw_ptr, ks, cols, n, K, BITS, GPTQ), qz_ptr, s_ptr, g_ptr, k0, ks, cols, n,
+                            K, GROUP, BITS, GPTQ, GROUPED, dtype)
     n_mask = cols < n
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
 
 
-AWQ_BLOCK_N = 64  # output features a program takes: 8 packs of 8
-AWQ_BLOCK_K = 64  # input features a K step takes
+PACKED_BLOCK_N = 32  # output features a program takes (AWQ: 4 packs of 8): 128 programs for 4,096 features
+PACKED_BLOCK_K = 128  # input features a K step takes, at most
+
+
+def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
+    """(K step, grouped) of a packed GEMV over K inputs: the largest power of two up to PACKED_BLOCK_K that divides
+    the groups (of `group_size` consecutive features when `in_order`), so that every step lies in one group; else
+    PACKED_BLOCK_K and the general case."""
+    group = k if group_size <= 0 else group_size
+    step = PACKED_BLOCK_K
+    while step > 16 and group % step:
+        step //= 2
+    if in_order and group % step == 0 and k % group == 0:
+        return step, True
+    return PACKED_BLOCK_K, False
 
 
 def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
              bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`awq_gemv_ref` in one Triton kernel for x [1, K] and AWQ's packed int4 tensors; returns [1, N] in x's dtype.
-    Its tile (AWQ_BLOCK_N x AWQ_BLOCK_K, 4 warps) is a first choice, not yet measured on a GPU; `policy` only
-    decides PDL (None: the device's)."""
+    Its tile (PACKED_BLOCK_N x the K step of `packed_k_step`, 4 warps) is a first choice, not yet measured on a GPU;
+    `policy` only decides PDL (None: the device's)."""
     if not packed_gemv_usable(x, qweight):
         raise ValueError(f"awq_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous int32 qweight "
                          f"[K, N/8]; got x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} {qweight.dtype}")
@@ -321,22 +393,23 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
             qzeros.is_contiguous() and scales.is_contiguous()):
         raise ValueError(f"awq_gemv: qzeros must be [{groups}, {n // 8}] and scales [{groups}, {n}], contiguous; got "
                          f"{tuple(qzeros.shape)} and {tuple(scales.shape)}")
-    return _packed_launch("awq_gemv", x, qweight, qzeros, scales, None, bias, n, k, group_size, 4, policy)
+    return _packed_launch("awq_gemv", x, qweight, qzeros, scales, None, bias, n, k, group_size, 4, True, policy)
 
 
 def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    g_idx: torch.Tensor | None, bias: torch.Tensor | None, n: int, k: int, group_size: int, bits: int,
-                   policy: LaunchPolicy | None) -> torch.Tensor:
+                   in_order: bool, policy: LaunchPolicy | None) -> torch.Tensor:
     """A checked AWQ (`g_idx` None) or GPTQ product's launch of `_packed_gemv_kernel`: the bias checked, PDL decided
     by `policy` (None: the device's), the output [1, N] in x's dtype."""
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
         raise ValueError(f"{name}: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
     pdl = chain_pdl(policy or policy_for(x.device), x.device)
+    block_k, grouped = packed_k_step(k, group_size, in_order)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    _packed_gemv_kernel[(triton.cdiv(n, AWQ_BLOCK_N),)](
+    _packed_gemv_kernel[(triton.cdiv(n, PACKED_BLOCK_N),)](
         x, qweight, qzeros, scales, qweight if g_idx is None else g_idx, out if bias is None else bias, out, n, K=k,
-        GROUP=group_size, BITS=bits, GPTQ=g_idx is not None, BLOCK_N=AWQ_BLOCK_N, BLOCK_K=AWQ_BLOCK_K,
-        HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+        GROUP=max(group_size, 1), BITS=bits, GPTQ=g_idx is not None, GROUPED=grouped, BLOCK_N=PACKED_BLOCK_N,
+        BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
     )  # fmt: skip
     return out
 
@@ -345,44 +418,29 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
 # GPTQ (checkpoint format v1): qweight [K / p, N] int32 with p = 32 / bits codes per int32 along the input features,
 # lowest bits first; qzeros [G, N / p] packed the same way along the output features, each stored one less than the
 # zero point; scales [G, N]; g_idx [K] the group of each input feature (act-order checkpoints scatter them). The weight
-# is W[o, i] = (q[i, o] - z[g_idx[i], o]) * s[g_idx[i], o], in fp32, rounded to the activation dtype.
+# is W[o, i] = (q[i, o] - z[g_idx[i], o]) * s[g_idx[i], o], exact in fp32 (above).
 
 
 def gptq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                   g_idx: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What `gptq_gemv` computes, in PyTorch: the weight unpacked and dequantized in fp32, rounded to x's dtype."""
+    """What `gptq_gemv` computes, in PyTorch: x times the weight unpacked and dequantized in fp32, plus bias, rounded
+    once to x's dtype."""
     per, mask = 32 // bits, (1 << bits) - 1
     shifts = bits * torch.arange(per, device=qweight.device)
     q = ((qweight.unsqueeze(1) >> shifts.view(1, per, 1)) & mask).reshape(-1, qweight.shape[1])  # [K, N]
     z = ((qzeros.unsqueeze(2) >> shifts.view(1, 1, per)) & mask).reshape(qzeros.shape[0], -1) + 1  # [G, N]
     g = g_idx.long()
     w = (q - z[g]).float() * scales.float()[g]  # [K, N]
-    return F.linear(x, w.t().to(x.dtype), bias)
-
-
-@triton.jit
-def _gptq_w_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr,
-                 dtype: tl.constexpr):
-    # The dequantized weight's [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), in fp32, rounded
-    # to the activation dtype.
-    per: tl.constexpr = 32 // BITS
-    code_mask: tl.constexpr = (1 << BITS) - 1
-    k_mask = ks < K
-    mask = k_mask[:, None] & (cols < n)[None, :]
-    groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)
-    q = (tl.load(qw_ptr + (ks // per).to(tl.int64)[:, None] * n + cols[None, :], mask=mask, other=0)
-         >> ((ks % per) * BITS)[:, None]) & code_mask
-    z = ((tl.load(qz_ptr + groups[:, None] * (n // per) + (cols // per)[None, :], mask=mask, other=0)
-          >> ((cols % per) * BITS)[None, :]) & code_mask) + 1
-    s = tl.load(s_ptr + groups[:, None] * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    return round_to((q - z).to(tl.float32) * s, dtype)
+    return F.linear(x.float(), w.t(), None if bias is None else bias.float()).to(x.dtype)
 
 
 def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
-              bits: int, bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
+              bits: int, bias: torch.Tensor | None = None, *, group_size: int | None = None,
+              policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`gptq_gemv_ref` in one Triton kernel for x [1, K] and GPTQ's packed 4- or 8-bit tensors (act-order included:
-    each input feature's group is read from g_idx); returns [1, N] in x's dtype. Its tile (AWQ's, 4 warps) is a first
-    choice, not yet measured on a GPU; `policy` only decides PDL (None: the device's)."""
+    each input feature's group is read from g_idx); returns [1, N] in x's dtype. `group_size`: the caller knows that
+    g_idx is i // group_size (no act order), which takes the grouped steps (above). Its tile (AWQ's, 4 warps) is a
+    first choice, not yet measured on a GPU; `policy` only decides PDL (None: the device's)."""
     if bits not in (4, 8):
         raise ValueError(f"gptq_gemv: bits must be 4 or 8, got {bits}")
     if not packed_gemv_usable(x, qweight):
@@ -399,4 +457,8 @@ def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
             or not (qzeros.is_contiguous() and scales.is_contiguous() and g_idx.is_contiguous())):
         raise ValueError(f"gptq_gemv: qzeros must be [G, {n // per}], scales [G, {n}] and g_idx [{k}], contiguous; "
                          f"got {tuple(qzeros.shape)}, {tuple(scales.shape)} and {tuple(g_idx.shape)}")
-    return _packed_launch("gptq_gemv", x, qweight, qzeros, scales, g_idx, bias, n, k, 0, bits, policy)
+    if group_size is not None and (group_size <= 0 or k % group_size or k // group_size != groups):
+        raise ValueError(f"gptq_gemv: group_size {group_size} must split the {k} input features into the scales' "
+                         f"{groups} groups")
+    return _packed_launch("gptq_gemv", x, qweight, qzeros, scales, g_idx, bias, n, k, group_size or 0, bits,
+                          group_size is not None, policy)

@@ -191,6 +191,9 @@ class QuantizedLinear(nn.Module):
         self.g_idx = tensor(in_features, dtype=torch.int32)
         self.g_idx.data.copy_(torch.arange(in_features, device=device) // self.group_size)
         self._g_idx_required = quant.method == "gptq" and quant.desc_act
+        # Groups of group_size consecutive features, numbered from 0 on this rank (checked when g_idx loads): the
+        # GEMV then applies a group's zero points and scales once per step (kernels/gemv.py).
+        self.groups_in_order = not self.replicated_groups
 
     def _check_shard(self, quant: WeightQuantization) -> None:
         """UnsupportedModelError when this rank's share would split a pack of codes, a group or an fp8 block."""
@@ -333,6 +336,9 @@ class QuantizedLinear(nn.Module):
                 raise ValueError(f"tensor {source!r} names groups outside 0..{groups - 1} (group_size "
                                  f"{self.group_size} of {self.in_features} input features, from config.json)")
             self.g_idx.data.copy_(tensor)
+            self.groups_in_order = self.groups_in_order and torch.equal(
+                tensor.to(torch.int32), torch.arange(self.in_features, dtype=torch.int32, device=tensor.device)
+                // self.group_size)
         else:
             dest = getattr(self, name).data
             lo, hi = self._columns(part, name)
@@ -383,5 +389,6 @@ class QuantizedLinear(nn.Module):
         if kernels is not None and self.method == "awq" and packed_gemv_usable(x, self.qweight):
             return awq_gemv(x, self.qweight, self.qzeros, self.scales, self.group_size, bias, policy=kernels)
         if kernels is not None and self.method == "gptq" and packed_gemv_usable(x, self.qweight):
-            return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias, policy=kernels)
+            return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias,
+                             group_size=self.group_size if self.groups_in_order else None, policy=kernels)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
