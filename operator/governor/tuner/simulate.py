@@ -244,6 +244,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              _step(Workload(4.0, 512, 256), Workload(7.5, 512, 256)), SHIFT_S,
              SLO(ttft_p95_s=1.0, itl_p95_s=0.05), DEFAULT_KNOBS, BOUNDS,
              costs=Costs(cliff_batch=44, cliff_factor=2.2)),
+    Scenario("spec-headroom", "draft acceptance rises 0.6 → 0.9 at 10 min with K=1 at light load and a tight ITL "
+             "SLO, with a cheap draft (a third of a millisecond a step): each raise of K shortens ITL and is kept",
+             _step(Workload(0.5, 64, 256, 0.6), Workload(0.5, 64, 256, 0.9)), SHIFT_S,
+             SLO(ttft_p95_s=1.0, itl_p95_s=0.004), {**DEFAULT_KNOBS, NUM_SPECULATIVE_TOKENS: 1}, BOUNDS,
+             costs=Costs(t_draft=0.001)),
+    Scenario("spec-costly-draft", "the same with a draft step three times a target step and an ITL SLO no K meets: "
+             "raising K looks right (acceptance 0.9, ITL above target) but lengthens ITL, and must be rolled back",
+             _step(Workload(0.5, 64, 256, 0.6), Workload(0.5, 64, 256, 0.9)), SHIFT_S,
+             SLO(ttft_p95_s=1.0, itl_p95_s=0.009), {**DEFAULT_KNOBS, NUM_SPECULATIVE_TOKENS: 1}, BOUNDS,
+             costs=Costs(t_draft=0.03)),
     Scenario("stale-metrics", "load doubles at 10 min while the signals stop from 9 to 25 min",
              _step(Workload(4.0, 512, 256), Workload(8.0, 512, 256)), SHIFT_S,
              SLO(ttft_p95_s=1.0, itl_p95_s=0.05), DEFAULT_KNOBS, BOUNDS, stale=(540.0, 1500.0)),
