@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from governor import contract
 from governor.cli import main as governor_main
+from governor.engine.server.async_engine import burst_gaps
 from governor.engine.server.http_metrics import UNMATCHED, HttpMetricsMiddleware
 from governor.engine.server.metrics import EngineMetrics
 from governor.engine.tokenizer import load_tokenizer
@@ -314,3 +315,12 @@ def test_the_metrics_body_passes_promtool(server: Server) -> None:
     problems = [line for line in (checked.stdout + checked.stderr).decode().splitlines() if line.strip()]
     assert checked.returncode in (0, 3), problems  # 3: lint problems only, the body parsed
     assert [p for p in problems if not ACCEPTED_LINT.match(p.strip())] == []
+
+
+def test_tokens_that_arrive_together_share_the_wait_since_the_last_one() -> None:
+    """One observation per token after a request's first: a burst of n tokens (a speculative step's accepted drafts
+    and its verified token) observes n shares of the wait, not the whole wait once and n - 1 zeros."""
+    assert burst_gaps(1, 10.0, 10.5) == [0.5]
+    assert burst_gaps(4, 10.0, 11.0) == [0.25] * 4
+    assert burst_gaps(1, None, 5.0) == []  # the first token is TTFT
+    assert burst_gaps(3, None, 5.0) == [0.0, 0.0]

@@ -58,6 +58,34 @@ def test_speculation_is_counted_in_metrics(spec_server: Server) -> None:
                            for p in (1, 2, 3))
 
 
+@pytest.fixture(scope="module")
+def trained_spec_server(trained_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """n-gram speculation on the trained test model, whose greedy text repeats itself, so drafts are accepted."""
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    with start_server(trained_llama, "--served-model-name", MODEL, "--speculative-config", spec,
+                      log_dir=tmp_path_factory.mktemp("logs")) as server:
+        yield server
+
+
+def test_tokens_that_arrive_together_share_the_wait_in_the_inter_token_histogram(trained_spec_server: Server
+                                                                                 ) -> None:
+    """A speculative step hands a request its accepted drafts with the verified token: each is one observation of
+    the inter-token histogram (one per token after the first), and together they sum to the request's decode
+    time."""
+    server = trained_spec_server
+    itl = "governor_inter_token_latency_seconds"
+    tpot = "governor_request_time_per_output_token_seconds"
+    before = {name: server.metric(name) for name in (f"{itl}_count", f"{itl}_sum", f"{tpot}_sum",
+                                                       "governor_spec_accepted_tokens_total")}
+    complete(server, "key-d", "def __init__(self, ", max_tokens=24)
+    after = {name: server.metric(name) for name in before}
+    assert after["governor_spec_accepted_tokens_total"] > before["governor_spec_accepted_tokens_total"]
+    assert after[f"{itl}_count"] - before[f"{itl}_count"] == 23
+    # TPOT is the request's decode time over its 23 gaps: the gaps sum to 23 times it (the server's clock).
+    decode_s = 23 * (after[f"{tpot}_sum"] - before[f"{tpot}_sum"])
+    assert after[f"{itl}_sum"] - before[f"{itl}_sum"] == pytest.approx(decode_s, rel=1e-6, abs=1e-6)
+
+
 def test_k_is_tunable_through_the_admin_api_within_its_cap(spec_server: Server) -> None:
     auth = {"authorization": f"Bearer {TOKEN}"}
     r = httpx.put(f"{spec_server.url}/admin/knobs", json={"num_speculative_tokens": 1}, headers=auth, timeout=10)

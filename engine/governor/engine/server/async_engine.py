@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
@@ -21,6 +22,16 @@ log = logging.getLogger("governor.engine.server")
 
 class QueueFullError(Exception):
     """More requests are waiting than max_queue allows."""
+
+
+def burst_gaps(tokens: int, last_token_at: float | None, now: float) -> list[float]:
+    """The inter-token latencies of `tokens` tokens of one request that arrive together at `now` (a speculative
+    step's accepted drafts come with its verified token), the request's previous token at `last_token_at`: each
+    token's share of the wait, (now - last) / tokens, so that the histogram reads time per token whatever the burst;
+    a request's first token is its TTFT, not a gap (None: no token yet), and the rest of its burst waited 0."""
+    if last_token_at is None:
+        return [0.0] * (tokens - 1)
+    return [(now - last_token_at) / tokens] * tokens
 
 
 @dataclass
@@ -210,22 +221,22 @@ class AsyncEngine:
     def _dispatch(self, result: StepResult) -> None:
         now = time.monotonic()
         metrics, streams = self.metrics, self._streams
-        itls: list[float] = []  # observed together after the loop: one metrics call per step, not per token
+        bursts = Counter(ev.request_id for ev in result.events if ev.token_id is not None and ev.request_id in streams)
+        itls: list[float] = []  # observed together: one metrics call per step, not per token
+        for rid, tokens in bursts.items():
+            stream = streams[rid]
+            if stream.last_token_at is None:
+                metrics.observe_first_token(rid, now - stream.arrival, now)
+            itls += burst_gaps(tokens, stream.last_token_at, now)
+            stream.last_token_at = now
         for ev in result.events:
-            stream = streams.get(ev.request_id)
-            if stream is None:
-                continue
-            if ev.token_id is not None:
-                if stream.last_token_at is None:
-                    metrics.observe_first_token(ev.request_id, now - stream.arrival, now)
-                else:
-                    itls.append(now - stream.last_token_at)
-                stream.last_token_at = now
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, ev)
+            target = streams.get(ev.request_id)
+            if target is not None:
+                target.loop.call_soon_threadsafe(target.queue.put_nowait, ev)
         metrics.observe_inter_tokens(itls)
         for out in result.finished:
-            stream = streams.get(out.request_id)
-            metrics.observe_finished(out, now, None if stream is None else stream.last_token_at)
+            ended = streams.get(out.request_id)
+            metrics.observe_finished(out, now, None if ended is None else ended.last_token_at)
             self._finish_stream(out.request_id, out)
         metrics.forget_ended(streams)
 
