@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Quantized weights on one GPU (docs/performance/quantized-weights.md):
-#   bash benchmarks/quantized-weights.sh            or some stages: STAGE="governor gpt-fast", STAGE=vllm
+#   bash benchmarks/quantized-weights.sh            or some stages: STAGE="tests governor", STAGE=vllm
 # Batch-1 decode of the llama3-8b shape at a 512-token context, by weight format. Every side draws random weights
 # on the GPU from a config-only directory (`governor make-model --no-weights [--quantization awq|gptq|fp8]`, and
 # load_format dummy), so nothing big is written or read. Stages:
+#   tests     the quantized kernels' and models' GPU tests (GEMVs at real shapes, models under CUDA graphs), first,
+#             so that a kernel that does not compute what its reference does is known before it is timed;
 #   governor  bf16; fp8 quantized at load (--quantization fp8); block-scaled fp8 (128 x 128); AWQ int4; GPTQ int4
 #             (groups of 128): `governor bench latency`, which also reports the weight-read roofline;
 #   gpt-fast  int8 and int4 weight-only (benchmarks/peers/gpt_fast_latency.py; GPT_FAST_DIR, default .peers/gpt-fast);
@@ -46,6 +48,11 @@ governor_run() {  # governor_run FORMAT
     --output-json "$RESULTS_DIR/lat-governor-$1.json" 2>&1 | quiet
   [ -s "$RESULTS_DIR/lat-governor-$1.json" ]
 }
+gpu_tests() {
+  timeout 900 python3 -m pytest -q -m gpu tests/test_kernels_gemv.py tests/test_quantized_weights.py \
+    -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS_DIR/gpu-tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ]
+}
 gpt_fast_run() {  # gpt_fast_run int8|int4
   timeout 500 python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir "$GPT_FAST_DIR" --weights "$1" \
     "${LAT[@]}" --output-json "$RESULTS_DIR/lat-gpt-fast-$1.json" 2>&1 | quiet
@@ -60,8 +67,9 @@ vllm_run() {  # vllm_run FORMAT
 }
 
 for spec in "dense" "awq awq" "gptq gptq" "fp8 fp8"; do config_only $spec; done
-for s in ${STAGE:-governor gpt-fast vllm}; do
+for s in ${STAGE:-tests governor gpt-fast vllm}; do
   case $s in
+    tests) stage gpu-tests gpu_tests ;;
     governor) for f in $FORMATS; do stage "governor-$f" governor_run "$f"; done ;;
     gpt-fast) for w in int8 int4; do stage "gpt-fast-$w" gpt_fast_run "$w"; done ;;
     vllm) for f in bf16 fp8-block awq; do stage "vllm-$f" vllm_run "$f"; done ;;
