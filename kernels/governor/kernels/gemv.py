@@ -86,15 +86,21 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BLOCK_N: tl.c
     tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
 
 
-def _one_row_launch(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int, k: int,
-                    policy: LaunchPolicy | None) -> tuple[GemvConfig, int, bool, torch.Tensor]:
-    """What a one-row GEMV launch of [N, K] needs after its own checks: the bias checked, the policy's tile, its K
-    step (`block_k_for`), whether it runs under PDL, and the output [1, N] in x's dtype."""
+def _one_row_output(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int,
+                    policy: LaunchPolicy) -> tuple[bool, torch.Tensor]:
+    """What every one-row GEMV launch of N outputs needs after its own checks: the bias checked, whether it runs
+    under PDL, and the output [1, N] in x's dtype."""
     if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
         raise ValueError(f"{name}: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    config = (policy or policy_for(x.device)).gemv
-    pdl = chain_pdl(policy or policy_for(x.device), x.device)
-    return config, block_k_for(config.block_k, k), pdl, torch.empty(1, n, dtype=x.dtype, device=x.device)
+    return chain_pdl(policy, x.device), torch.empty(1, n, dtype=x.dtype, device=x.device)
+
+
+def _one_row_launch(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int, k: int,
+                    policy: LaunchPolicy | None) -> tuple[GemvConfig, int, bool, torch.Tensor]:
+    """`_one_row_output`, and the policy's `gemv` tile and its K step over K (`block_k_for`)."""
+    policy = policy or policy_for(x.device)
+    pdl, out = _one_row_output(name, x, bias, n, policy)
+    return policy.gemv, block_k_for(policy.gemv.block_k, k), pdl, out
 
 
 def block_k_for(block_k: int, k: int) -> int:
@@ -399,13 +405,10 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
 def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    g_idx: torch.Tensor | None, bias: torch.Tensor | None, n: int, k: int, group_size: int, bits: int,
                    in_order: bool, policy: LaunchPolicy | None) -> torch.Tensor:
-    """A checked AWQ (`g_idx` None) or GPTQ product's launch of `_packed_gemv_kernel`: the bias checked, PDL decided
-    by `policy` (None: the device's), the output [1, N] in x's dtype."""
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"{name}: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    pdl = chain_pdl(policy or policy_for(x.device), x.device)
+    """A checked AWQ (`g_idx` None) or GPTQ product's launch of `_packed_gemv_kernel` (`_one_row_output` with
+    `policy`, None: the device's); its tile is the fixed PACKED_BLOCK_N by `packed_k_step`."""
+    pdl, out = _one_row_output(name, x, bias, n, policy or policy_for(x.device))
     block_k, grouped = packed_k_step(k, group_size, in_order)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     _packed_gemv_kernel[(triton.cdiv(n, PACKED_BLOCK_N),)](
         x, qweight, qzeros, scales, qweight if g_idx is None else g_idx, out if bias is None else bias, out, n, K=k,
         GROUP=max(group_size, 1), BITS=bits, GPTQ=g_idx is not None, GROUPED=grouped, BLOCK_N=PACKED_BLOCK_N,
