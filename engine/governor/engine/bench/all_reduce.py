@@ -27,7 +27,6 @@ from governor.kernels.elementwise import add_rms_norm
 from governor.kernels.launch_policy import policy_for
 
 PATHS = ("one_shot", "two_shot", "nccl")
-NORM_PATHS = ("one_shot+norm", "two_shot+norm", "fused")
 _FORCED = {"one_shot": lambda big: AllReducePolicy(big, big, big), "two_shot": lambda big: AllReducePolicy(0, big),
            "nccl": lambda big: AllReducePolicy(0, 0)}
 

@@ -95,8 +95,8 @@ def dummy_weights(cfg: ModelConfig, dtype: torch.dtype, device: str | torch.devi
                               qkv_bias=cfg.attention_bias, qk_norm=cfg.qk_norm,
                               tie_word_embeddings=cfg.tie_word_embeddings)
     for name, shape in shapes.items():
-        match = DECODER_LINEAR.match(name) if linear is not None else None
-        if match is not None and linear is not None:
+        match = DECODER_LINEAR.match(name)
+        if linear is not None and match is not None:
             for stored, tensor in linear(match.group(1), *shape):
                 yield stored, _InMemory(tensor)
         else:
