@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from governor.engine import LLM, SamplingParams
-from governor.engine.bench.throughput import sync_device
+from governor.engine.bench.throughput import step_until_every_request_decodes, sync_device
 
 
 def _value(v: str) -> object:
@@ -72,9 +72,7 @@ def main() -> None:
     vocab = min(eng.model_config.vocab_size, len(eng.tokenizer))
     for i in range(a.batch):
         eng.add_request(f"p{i}", [rng.randrange(2, vocab) for _ in range(a.context)], params)
-    sched = eng.scheduler
-    while sched.waiting or any(not s.output_token_ids for s in sched.running):  # prefill steps
-        eng.step()
+    step_until_every_request_decodes(eng)  # the prefill steps
     for _ in range(4):  # warm-up decode steps
         eng.step()
     sync_device()

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from governor.engine import LLM, SamplingParams
+from governor.engine.bench.throughput import step_until_every_request_decodes
 
 
 def _value(v: str) -> object:
@@ -182,8 +183,7 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=a.new_tokens, ignore_eos=True)
     for i in range(a.batch):
         eng.add_request(f"p{i}", prompt(), params)
-    while sched.waiting or any(not s.output_token_ids for s in sched.running):  # prefill steps, untimed
-        eng.step()
+    step_until_every_request_decodes(eng)  # the prefill steps, untimed
     sync()
     timer.current.clear()
     starts.clear()

@@ -29,6 +29,7 @@ import torch
 import torch.multiprocessing as mp
 
 from governor.engine import LLM, SamplingParams
+from governor.engine.bench.throughput import step_until_every_request_decodes
 from governor.engine.config import EngineConfig
 from governor.engine.executor import resolve_worker_spec
 from governor.engine.models.model_config import load_model_config
@@ -163,9 +164,7 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=a.steps + 40, ignore_eos=True)
     for i in range(a.batch):
         eng.add_request(f"p{i}", [rng.randrange(2, vocab) for _ in range(a.context)], params)
-    sched = eng.scheduler
-    while sched.waiting or any(not s.output_token_ids for s in sched.running):  # prefill steps
-        eng.step()
+    step_until_every_request_decodes(eng)  # the prefill steps
     for _ in range(4):
         eng.step()
     ex = eng.executor

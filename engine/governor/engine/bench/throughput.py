@@ -289,6 +289,14 @@ def sync_device() -> None:
         torch.cuda.synchronize()
 
 
+def step_until_every_request_decodes(engine: Any) -> None:
+    """Step an `LLMEngine` until no request waits and every running one has its first token: the steps after this
+    are decode steps (what the profiling scripts time), however many prefill chunks a large batch needs first."""
+    sched = engine.scheduler
+    while sched.waiting or any(not s.output_token_ids for s in sched.running):
+        engine.step()
+
+
 def bench_throughput(model: str, workload: Workload, backend: str, engine_args: dict[str, Any],
                      hf_batch_size: int, output_json: str | None, hf_options: HFOptions | None = None,
                      options: RequestOptions | None = None) -> dict[str, Any]:
