@@ -28,6 +28,7 @@ from governor.kernels.gemv import (
     gemv_usable,
     gptq_gemv,
     gptq_gemv_ref,
+    packed_k_step,
 )
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from tests import test_quantized_weights as qw
@@ -243,13 +244,15 @@ def test_gpu_fp8_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_produc
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k,group", [(64, 128, 32), (72, 64, 64), (136, 192, 64)],
-                         ids=["two-k-steps", "ragged-columns", "ragged-columns-three-k-steps"])
+@pytest.mark.parametrize("n,k,group", [(64, 128, 32), (72, 64, 64), (136, 192, 64), (32, 96, 24)],
+                         ids=["two-k-steps", "ragged-columns", "ragged-columns-three-k-steps",
+                              "groups-across-k-steps"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
 def test_awq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, n: int, k: int, group: int,
                                                                      with_bias: bool) -> None:
     """The packed tensors come from the quantized-weights test's own AWQ packing, and the weight they stand for from
-    its own unpacking (independent of the kernel and of models/quantization.py)."""
+    its own unpacking (independent of the kernel and of models/quantization.py). Groups of 24 share no power-of-two
+    K step: that case takes each code's zero point and scale (the general path), the others a group's per step."""
     w = seeded_randn(n, k, dtype=torch.float32, seed=17, scale=0.1)
     scheme = qw.Scheme("awq", 4, group)
     g_idx = torch.arange(k) // group
@@ -259,6 +262,7 @@ def test_awq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: tor
     x = seeded_randn(1, k, dtype=dtype, seed=18)
     bias = seeded_randn(n, dtype=dtype, seed=19) if with_bias else None
     args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales")]
+    assert packed_k_step(k, group, True)[1] == (group != 24)
     got = awq_gemv(x, *args, group, bias)
     _assert_sum_order_close(got, x, weight.to(DEVICE), bias, False)
     _assert_sum_order_close(awq_gemv_ref(x, *args, group, bias), x, weight.to(DEVICE), bias, False)

@@ -71,7 +71,8 @@ def test_tokens_that_arrive_together_share_the_wait_in_the_inter_token_histogram
                                                                                  ) -> None:
     """A speculative step hands a request its accepted drafts with the verified token: each is one observation of
     the inter-token histogram (one per token after the first), and together they sum to the request's decode
-    time."""
+    time, in a real server. How a burst's wait is split among its tokens is
+    tests/test_server_metrics.py::test_tokens_that_arrive_together_share_the_wait_since_the_last_one's."""
     server = trained_spec_server
     itl = "governor_inter_token_latency_seconds"
     tpot = "governor_request_time_per_output_token_seconds"
