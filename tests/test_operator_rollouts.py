@@ -115,6 +115,11 @@ class World:
         items = (get(self.cluster, f"/api/v1/namespaces/{NS}/events") or {}).get("items", [])
         return [e for e in items if e.get("involvedObject", {}).get("name") == "chat"]
 
+    def event(self, reason: str) -> dict[str, Any]:
+        """The first event with this reason, waited for: kopf posts events from a queue, after the status patch."""
+        return self.wait(lambda: next((e for e in self.events() if e["reason"] == reason), None),
+                         f"no {reason} event")
+
     def start_rollout(self) -> None:
         """v1 deployed and stable, then the spec moves to v2: the rollout begins."""
         stable_rev = revision_of(self.v1)
@@ -203,7 +208,7 @@ def test_a_canary_with_ttft_one_and_a_half_times_stable_is_rolled_back(world: Wo
     assert (status["phase"], status["revision"], degraded["status"], degraded["reason"]) == \
         ("Degraded", v1, "True", "RolledBack")
     assert v2 in degraded["message"] and "not retried" in degraded["message"]
-    event = next(e for e in world.events() if e["reason"] == "RolloutRolledBack")
+    event = world.event("RolloutRolledBack")
     assert event["type"] == "Warning" and "ttft_p95" in event["message"]
 
     time.sleep(4)  # GitOps: the spec still names v2, and the operator does not try it again
@@ -225,7 +230,7 @@ def test_missing_canary_metrics_pause_the_rollout_until_they_return(world: World
     time.sleep(8)  # well past both steps' pauses: still held, never promoted
     held = world.rollout()
     assert (held["phase"], held["step"]) == ("Paused", 0)
-    assert any(e["reason"] == "RolloutSignalsStale" for e in world.events())
+    world.event("RolloutSignalsStale")
     world.canary.silent = False
     world.wait(lambda: world.rollout().get("phase") == "Promoted", "the rollout did not go on when metrics returned")
 
@@ -255,7 +260,7 @@ def test_the_abort_annotation_rolls_back_now(world: World) -> None:
     world.patch_spec({"rollout": {"steps": [{"weight": 50, "pause": "60s"}]}})  # steps edited mid-rollout
     world.wait(lambda: (r := world.rollout()).get("plan") == "50%/60s" and r.get("step") == 0
                and r.get("requestedWeight") == 50, "the rollout did not restart on the new steps")
-    assert any(e["reason"] == "RolloutSuperseded" for e in world.events())
+    world.event("RolloutSuperseded")
     world.wait(lambda: world.rollout().get("stepStartedAt"), "the new step 1 was never judged")
     world.annotate("pause")
     world.wait(lambda: world.rollout().get("reason") == "ManualPause", "the pause annotation was not obeyed")
