@@ -93,6 +93,11 @@ def wait_for(what: Callable[[], Any], timeout_s: float, log: Path, message: str)
     pytest.fail(f"{message} within {timeout_s} s; operator log tail:\n{log.read_text()[-3000:]}")
 
 
+def events(cluster: Cluster) -> list[dict[str, Any]]:
+    """The namespace's events; kopf posts them from a queue, after the status patch, so tests wait for them."""
+    return list((get(cluster, f"/api/v1/namespaces/{NS}/events") or {}).get("items", []))
+
+
 def children(cluster: Cluster) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for kind, path in (("Deployment", f"/apis/apps/v1/namespaces/{NS}/deployments"),
@@ -128,9 +133,8 @@ def test_create_renders_owned_children_and_reports_status(cluster: Cluster, oper
     assert status["phase"] == "Progressing"  # the emulator runs no pods: 0/2 ready
     monitors = (get(cluster, f"/apis/monitoring.coreos.com/v1/namespaces/{NS}/podmonitors") or {}).get("items", [])
     assert [m["metadata"]["name"] for m in monitors] == ["chat"]
-    events = (get(cluster, f"/api/v1/namespaces/{NS}/events") or {}).get("items", [])
-    reasons = {e.get("reason") for e in events if e.get("involvedObject", {}).get("name") == "chat"}
-    assert "Reconciled" in reasons
+    wait_for(lambda: any(e.get("reason") == "Reconciled" and e.get("involvedObject", {}).get("name") == "chat"
+                         for e in events(cluster)), 30, operator.log, "no Reconciled event")
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ReplicasStarting")
     assert status["revision"] in deployment["metadata"]["name"]
@@ -151,9 +155,9 @@ def test_an_invalid_spec_is_reported_and_creates_nothing(cluster: Cluster, opera
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert (status["phase"], ready["status"], ready["reason"]) == ("Failed", "False", "InvalidSpec")
     assert "spec.autotune.bounds.maxNumSeqs" in ready["message"]
-    events = (get(cluster, f"/api/v1/namespaces/{NS}/events") or {}).get("items", [])
-    assert any(e.get("reason") == "InvalidSpec" and e.get("type") == "Warning"
-               and "spec.autotune.bounds.maxNumSeqs" in e.get("message", "") for e in events)
+    wait_for(lambda: any(e.get("reason") == "InvalidSpec" and e.get("type") == "Warning"
+                         and "spec.autotune.bounds.maxNumSeqs" in e.get("message", "") for e in events(cluster)),
+             30, operator.log, "no InvalidSpec event")
     time.sleep(3)
     assert not [k for k in children(cluster) if "broken" in k]
     assert operator.proc.poll() is None  # no crash loop
