@@ -38,15 +38,26 @@ whose groups are scattered over the input features (g_idx is cut, its group ids 
 output feature over its whole row, then keeps the rank's columns, so every TP size holds the same codes and scales.
 A shard that would split a pack, a group or a block is refused at build time, naming the sizes.
 
-`QuantizedLinear.forward` is the reference path: it dequantizes the whole weight to the activation dtype on
-every call and runs a dense matmul (for fp8, weight-only: activations stay in the model dtype; W8A8's activation
-rounding, `quantize_activations_ref`, is applied only where a test asks for it, to measure its accuracy). It is
-correct on any device, and slow on a GPU (a full-size weight is rebuilt per call, and the fused bf16 GEMV is not
-used); the one-row GEMVs that `forward` takes on the fused path are the only quantized kernels so far.
+fp8 runs W8A8 where the checkpoint quantizes activations (`WeightQuantization.activation_group` is not None:
+fp8's dynamic activation scheme, compressed-tensors' dynamic per-token input activations, and fp8 quantized at
+load): on every path, a layer's input is quantized to e4m3 with a dynamic scale per token, or per group of the
+weight's input block (block-scaled fp8), before it meets the weight (kernels/fp8_quant.py), so a token's result
+does not depend on the path its step takes. A step of several rows with one scale per token and per output
+feature (fp8 quantized at load, compressed-tensors per channel or per tensor) multiplies the codes directly in
+`torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU); elsewhere the input is rounded to the values
+its codes stand for (`fp8_round`) and multiplied as below. Under tensor parallelism a row-parallel layer's token
+scale is that of the rank's share of the token (each rank quantizes what it holds, with no collective), as in vLLM.
+fp8 checkpoints without an activation scheme run weight-only.
+
+Otherwise `QuantizedLinear.forward` takes a one-row step on the fused path through the one-row GEMVs
+(`fp8_gemv`, `awq_gemv`, `gptq_gemv`), and anything else through the reference path: the whole weight dequantized
+to the activation dtype on every call and a dense matmul, correct on any device and slow on a GPU (a full-size
+weight is rebuilt per call).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -55,6 +66,8 @@ from torch import nn
 from governor.engine.models.checkpoint import LazyTensor, read_share
 from governor.engine.models.make_model import INIT_STD, tensor_generator
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
+from governor.kernels.elementwise import triton_usable
+from governor.kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
 from governor.kernels.gemv import awq_gemv, fp8_gemv, fp8_gemv_usable, gptq_gemv, packed_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
 
@@ -63,8 +76,6 @@ PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
 FP8_TENSORS = ("weight", "weight_scale_inv")  # block-scaled fp8
 CT_TENSORS = ("weight", "weight_scale")  # compressed-tensors float-quantized: the same e4m3 codes times the scale
 FP8_METHODS = ("fp8", "compressed-tensors")
-E4M3_MAX = 448.0
-FP8_DTYPE = torch.float8_e4m3fn
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -78,17 +89,18 @@ def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     return codes.flatten(dim, dim + 1)
 
 
-def quantize_activations_ref(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x rounded through e4m3 as fp8 W8A8 quantizes a matmul's input: a dynamic scale per token (`group` 0) or per
-    `group` consecutive features of a token (the last group may be ragged), each the slice's largest magnitude over
-    448, in fp32. Returns the dequantized values in x's dtype: the activations a W8A8 product multiplies."""
-    n = x.shape[-1]
-    g = group or n
-    padded = -(-n // g) * g
-    xf = nn.functional.pad(x.float(), (0, padded - n)).reshape(*x.shape[:-1], padded // g, g)
-    scale = (xf.abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-    q = (xf / scale).to(FP8_DTYPE).float() * scale
-    return q.reshape(*x.shape[:-1], padded)[..., :n].to(x.dtype)
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def scaled_mm_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `torch._scaled_mm` multiplies e4m3 x [M, K] by w [N, K] with a scale per row of each: on a CPU any
+    shape; on CUDA its row-wise kernels, which write bfloat16 on sm_89+ and take K and N in multiples of 16."""
+    if x.device.type == "cpu":
+        return True
+    return (x.is_cuda and x.dtype == torch.bfloat16 and _capability(x.device) >= (8, 9)
+            and x.shape[1] % 16 == 0 and w.shape[0] % 16 == 0)
 
 
 def dummy_linear_tensors(quant: WeightQuantization, device: str | torch.device, seed: int, prefix: str,
@@ -160,11 +172,10 @@ class QuantizedLinear(nn.Module):
         self._check_shard(quant)
         if quant.method in FP8_METHODS:
             self.online, self.per_tensor = quant.online, quant.per_tensor
-            # W8A8: the checkpoint's activation scaling (None: weight-only). No W8A8 kernel runs yet: a layer
-            # quantizes its input (`quantize_activations_ref`) only when `quantize_activations` is set, which the
-            # accuracy tests do to measure what W8A8 costs.
+            # W8A8: the checkpoint's activation scaling (None: weight-only). `quantize_activations` is what the
+            # layer does, W8A8 exactly when the checkpoint says so (the accuracy tests turn it off to compare).
             self.activation_group = quant.activation_group
-            self.quantize_activations = False
+            self.quantize_activations = quant.activation_group is not None
             self.tensor_names = CT_TENSORS if quant.method == "compressed-tensors" else FP8_TENSORS
             # Per output feature (online fp8) when there are no blocks: blocks of one row spanning every input.
             self.block_size = bn, bk = quant.block_size or (1, in_features)
@@ -379,12 +390,12 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, kernels: LaunchPolicy | None = None
                 ) -> torch.Tensor:
-        """x @ W.T (+ bias) in x's dtype. On the fused path (`kernels`: its launch policy) a one-row step streams
-        the packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`; otherwise W is dequantized on every call (the
-        reference path; slow on a GPU)."""
-        if self.method in FP8_METHODS and self.quantize_activations and self.activation_group is not None:
-            x = quantize_activations_ref(x, self.activation_group)
-        elif kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
+        """x @ W.T (+ bias) in x's dtype. W8A8 layers quantize x first (`_w8a8`). On the fused path (`kernels`: its
+        launch policy) a one-row step streams the packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`;
+        otherwise W is dequantized on every call (the reference path; slow on a GPU)."""
+        if self.method in FP8_METHODS and self.quantize_activations:
+            return self._w8a8(x, bias, kernels)
+        if kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
             return fp8_gemv(x, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
         if kernels is not None and self.method == "awq" and packed_gemv_usable(x, self.qweight):
             return awq_gemv(x, self.qweight, self.qzeros, self.scales, self.group_size, bias, policy=kernels)
@@ -392,3 +403,25 @@ class QuantizedLinear(nn.Module):
             return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias,
                              group_size=self.group_size if self.groups_in_order else None, policy=kernels)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
+
+    def _w8a8(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None) -> torch.Tensor:
+        """x's tokens (or their groups of `activation_group` features) in e4m3 with dynamic scales, times the weight:
+        the codes through `torch._scaled_mm` for several rows with one scale per token and per output feature, the
+        values the codes stand for through the one-row GEMV or the reference path otherwise."""
+        assert self.activation_group is not None
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        fused = kernels is not None and triton_usable(flat)  # the Triton quantizer, else the PyTorch reference
+        if flat.shape[0] > 1 and self.activation_group == 0 and not self.blocked \
+                and scaled_mm_usable(flat, self.weight):
+            codes, scales = (fp8_quantize if fused else fp8_quantize_ref)(flat, 0)
+            y = torch._scaled_mm(codes, self.weight.t(), scale_a=scales, scale_b=self.weight_scale_inv.view(1, -1),
+                                 out_dtype=x.dtype)
+            if bias is not None:
+                y = y + bias
+        else:
+            rounded = (fp8_round if fused else fp8_round_ref)(flat, self.activation_group)
+            if kernels is not None and fp8_gemv_usable(rounded, self.weight):
+                y = fp8_gemv(rounded, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
+            else:
+                y = nn.functional.linear(rounded, self.dequantize(x.dtype), bias)
+        return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -1,0 +1,143 @@
+"""Dynamic fp8 activation quantization (kernels/fp8_quant.py) and the W8A8 products of fp8 layers.
+
+The kernel must give PyTorch's e4m3 conversion bit for bit (round to nearest, ties to even, subnormals, the sign of
+zero), so the tests feed it every e4m3 value, every midpoint between two (the ties) and the float32 neighbours of
+each midpoint, besides random rows over eleven decades; the oracle is `torch.Tensor.to(torch.float8_e4m3fn)`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import governor.engine.models.quantization as quantization
+from governor.engine.models.model_config import WeightQuantization
+from governor.engine.models.quantization import QuantizedLinear
+from governor.kernels.fp8_quant import fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
+from governor.kernels.launch_policy import LaunchPolicy
+from tests.conftest import count_calls
+
+FINITE = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 ... 448, every code
+
+
+def hard_values() -> torch.Tensor:
+    """One row: every e4m3 value, every midpoint of two neighbours, each midpoint's float32 neighbours, negated too;
+    its largest magnitude is 448, so the scale is 1 and each value is rounded as it stands."""
+    mids = (FINITE[:-1] + FINITE[1:]) / 2
+    up, down = mids.nextafter(torch.tensor(1e9)), mids.nextafter(torch.tensor(-1e9))
+    row = torch.cat([FINITE, mids, up[:-1], down])  # up[-1] would pass 448's midpoint with 480
+    return torch.cat([row, -row]).view(1, -1)
+
+
+def random_rows(rows: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen) * torch.logspace(-8, 3, k)[torch.randperm(k, generator=gen)]
+    x[0, :3] = 0.0
+    x[-1, 1] = -0.0
+    return x.to(dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_the_kernel_rounds_every_value_and_tie_as_pytorch_does() -> None:
+    x = hard_values()
+    codes, scales = fp8_quantize(x, 0)
+    assert scales.tolist() == [[1.0]]
+    assert same_bits(codes, x.to(torch.float8_e4m3fn))  # ties to even, subnormals, signs
+    assert torch.equal(fp8_round(x, 0), x.to(torch.float8_e4m3fn).float())
+
+
+@pytest.mark.parametrize(("rows", "k", "group"), [(5, 300, 0), (3, 300, 128), (4, 100, 48), (1, 4096, 0),
+                                                  (7, 64, 16), (2, 2500, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_codes_scales_and_rounded_values_are_the_references_bit_for_bit(rows: int, k: int, group: int,
+                                                                       dtype: torch.dtype) -> None:
+    x = random_rows(rows, k, dtype, seed=rows * k + group)
+    codes, scales = fp8_quantize(x, group)
+    ref_codes, ref_scales = fp8_quantize_ref(x, group)
+    assert same_bits(codes, ref_codes) and torch.equal(scales, ref_scales)
+    assert scales.shape == (rows, -(-k // (group or k)))
+    rounded = fp8_round(x, group)
+    assert rounded.dtype == dtype and torch.equal(rounded, fp8_round_ref(x, group))
+
+
+def test_an_all_zero_row_keeps_zero_codes_and_a_positive_scale() -> None:
+    codes, scales = fp8_quantize(torch.zeros(2, 40), 0)
+    assert not codes.float().any() and bool((scales > 0).all())
+
+
+def test_a_non_contiguous_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="contiguous rows"):
+        fp8_quantize(torch.zeros(8, 4).t(), 0)
+
+
+def online_fp8_layer(out_f: int, in_f: int, seed: int) -> tuple[QuantizedLinear, torch.Tensor]:
+    """A layer quantized at load (a scale per output feature, W8A8 per token) and its dense source weight."""
+    dense = torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(seed)) / in_f**0.5
+    layer = QuantizedLinear(WeightQuantization("fp8", 8, -1, online=True, activation_group=0), in_f, (out_f,),
+                            torch.device("cpu"))
+    layer.load(0, "weight", dense, "test")
+    assert layer.quantize_activations and not layer.missing()
+    return layer, dense
+
+
+def w8a8_product(x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
+    """This file's own W8A8 product in float64: each token's e4m3 codes times the weight's, both scaled."""
+    scale_x = x.float().abs().amax(-1, keepdim=True) / 448  # the format's scale: float32
+    codes_x = (x.float() / scale_x).to(torch.float8_e4m3fn).double()
+    return (codes_x * scale_x.double()) @ (layer.weight.double() * layer.weight_scale_inv.double()).t()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_several_rows_multiply_the_codes_in_scaled_mm_and_one_row_the_rounded_values(monkeypatch,
+                                                                                    fused: bool) -> None:
+    """Several rows take torch._scaled_mm; one row the fp8 GEMV (fused path) or the reference matmul; all three give
+    the float64 W8A8 product to float32 accuracy, so a token's result does not depend on its step's size."""
+    calls = count_calls(monkeypatch, torch, "_scaled_mm")
+    layer, _ = online_fp8_layer(48, 96, seed=1)
+    kernels = LaunchPolicy() if fused else None
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(48, generator=torch.Generator().manual_seed(3))
+    many = layer(x, bias, kernels)
+    assert calls["_scaled_mm"] == 1
+    one = torch.cat([layer(x[i:i + 1], bias, kernels) for i in range(5)])
+    assert calls["_scaled_mm"] == 1  # one-row steps do not
+    want = w8a8_product(x, layer) + bias.double()
+    torch.testing.assert_close(many.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one.double(), want, rtol=1e-5, atol=1e-5)
+    layer.quantize_activations = False  # weight-only: a measurably different product
+    assert (layer(x, bias, kernels).double() - want).abs().max() > 1e-3
+
+
+def test_block_scaled_layers_round_each_group_and_never_take_scaled_mm(monkeypatch) -> None:
+    calls = count_calls(monkeypatch, torch, "_scaled_mm")
+    rounds = count_calls(monkeypatch, quantization, "fp8_round_ref")
+    quant = WeightQuantization("fp8", 8, -1, block_size=(16, 32), activation_group=32)
+    layer = QuantizedLinear(quant, 64, (32,), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(4)
+    layer.load(0, "weight", torch.randn(32, 64, generator=gen).to(torch.float8_e4m3fn), "test")
+    layer.load(0, "weight_scale_inv", torch.rand(2, 2, generator=gen) + 0.5, "test")
+    x = torch.randn(3, 64, generator=gen)
+    got = layer(x)
+    assert calls["_scaled_mm"] == 0 and rounds["fp8_round_ref"] == 1
+    groups = [fp8_round_ref(part.contiguous(), 0) for part in x.split(32, dim=1)]  # each group its own scale
+    torch.testing.assert_close(got, torch.cat(groups, 1) @ layer.dequantize().t())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_kernel_codes_and_the_scaled_mm_product() -> None:
+    """On the GPU the kernel gives CUDA's own e4m3 conversion bit for bit, and a bf16 W8A8 layer of several rows
+    (torch._scaled_mm's row-wise kernel) stays within bf16 rounding of the float64 product."""
+    x = random_rows(64, 4096, torch.bfloat16, seed=5).cuda()
+    codes, scales = fp8_quantize(x, 0)
+    want_codes, want_scales = fp8_quantize_ref(x, 0)
+    assert same_bits(codes, want_codes) and torch.equal(scales, want_scales)
+    assert torch.equal(fp8_round(x, 128), fp8_round_ref(x, 128))
+    layer, _ = online_fp8_layer(1024, 4096, seed=6)
+    layer = layer.cuda()
+    xs = torch.randn(32, 4096, device="cuda").bfloat16()
+    got = layer(xs, None, LaunchPolicy())
+    torch.testing.assert_close(got.double().cpu(), w8a8_product(xs.float().cpu(), layer.cpu()), rtol=2e-2, atol=2e-2)
