@@ -43,17 +43,19 @@ dir_of() {  # the config directory of a format, and what the engine is told besi
 governor_run() {  # governor_run FORMAT
   local args
   read -r -a args <<< "$(dir_of "$1")"
+  rm -f "$RESULTS_DIR/lat-governor-$1.json"  # a file left by an earlier run must not pass for this one
   timeout 400 python3 -m governor.engine bench latency --model "$D/${args[0]}" --load-format dummy "${DEVICE[@]}" \
     "${LEN[@]}" "${LAT[@]}" --batches 1 --max-num-seqs 8 "${args[@]:1}" \
     --output-json "$RESULTS_DIR/lat-governor-$1.json" 2>&1 | quiet
   [ -s "$RESULTS_DIR/lat-governor-$1.json" ]
 }
 gpu_tests() {
-  timeout 900 python3 -m pytest -q -m gpu tests/test_kernels_gemv.py tests/test_quantized_weights.py \
-    -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS_DIR/gpu-tests.log"
+  timeout 900 python3 -m pytest -q -m gpu tests/test_kernels_gemv.py tests/test_kernels_fp8_quant.py \
+    tests/test_quantized_weights.py -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS_DIR/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ]
 }
 gpt_fast_run() {  # gpt_fast_run int8|int4
+  rm -f "$RESULTS_DIR/lat-gpt-fast-$1.json"
   timeout 500 python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir "$GPT_FAST_DIR" --weights "$1" \
     "${LAT[@]}" --output-json "$RESULTS_DIR/lat-gpt-fast-$1.json" 2>&1 | quiet
   [ -s "$RESULTS_DIR/lat-gpt-fast-$1.json" ]
@@ -61,6 +63,7 @@ gpt_fast_run() {  # gpt_fast_run int8|int4
 vllm_run() {  # vllm_run FORMAT
   local args
   read -r -a args <<< "$(dir_of "$1")"
+  rm -f "$RESULTS_DIR/lat-vllm-$1.json"
   PYTHONPATH=$VLLM_SITE:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 timeout 500 python3 -m benchmarks.peers.vllm_latency \
     --model "$D/${args[0]}" "${LAT[@]}" "${args[@]:1}" --output-json "$RESULTS_DIR/lat-vllm-$1.json" 2>&1 | quiet
   [ -s "$RESULTS_DIR/lat-vllm-$1.json" ]
