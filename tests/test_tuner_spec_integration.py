@@ -1,0 +1,145 @@
+"""The speculation-depth rule (SpecHeadroom) on a real engine: a real server with draft-model speculation, a real
+Prometheus scraping it, the tuner reading PromQL and moving K through the admin API.
+
+Two checkpoints give the same logits at very different costs: the tiny test model, and the same model with 62 more
+decoder layers that change nothing (their attention and MLP write zeros into the residual stream: o_proj and
+down_proj are zero), 32 times the layers a forward. Drafted by one for the other, every draft is accepted
+(acceptance ≈ 1, which the rule needs at ≥ 0.8), and the draft/target cost ratio c decides whether a deeper K pays
+(per token, (cK + 1) / (K + 1) target steps):
+
+- cheap draft (the tiny model drafting for the padded one): raising K from 1 to 2 cuts the time per token (ITL p95
+  measured on 2 cores: 18.4 → 14.3 ms), and the raise is kept;
+- costly draft (the padded model drafting for the tiny one): each draft step costs more than the verification it
+  saves, time per token rises, and the raise is rolled back.
+
+One closed-loop client keeps the batch at one sequence (the rule acts only on small batches), and an ITL SLO no
+engine meets keeps ITL "high". Bounded: the client stops with the test; the tuner has 150 s to reach its verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from governor import contract
+from governor.tuner.loop import EngineActuator, Tuner, TunerSettings
+from governor.tuner.policy import Controller
+from governor.tuner.prom import PrometheusSource
+from governor.tuner.records import DecisionRecord, HistorySink, Outcome
+from governor.tuner.signals import SLO
+from tests.prometheus_server import start_prometheus
+from tests.test_server import start_server
+from tests.test_tuner_integration import load
+
+TOKEN = "spec-tuning-secret"
+MODEL = "spec-tuned"
+REVISION = "r1"
+SCRAPE_S = 1.0
+INTERVAL_S = 2.0
+K = "num_speculative_tokens"
+
+
+def identity_padded(src: Path, dst: Path, extra: int) -> Path:
+    """A copy of checkpoint `src` with `extra` more decoder layers (copies of layer 0) whose o_proj and down_proj
+    are zero: each adds exactly nothing to the residual stream, so the logits are `src`'s, bit for bit."""
+    shutil.copytree(src, dst)
+    tensors = load_file(src / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    first = {name.removeprefix("model.layers.0."): t for name, t in tensors.items()
+             if name.startswith("model.layers.0.")}
+    for layer in range(layers, layers + extra):
+        for name, t in first.items():
+            silent = name.endswith(("o_proj.weight", "down_proj.weight"))
+            tensors[f"model.layers.{layer}.{name}"] = torch.zeros_like(t) if silent else t.clone()
+    config["num_hidden_layers"] = layers + extra
+    if "layer_types" in config:  # one attention type per layer (transformers checks the count)
+        config["layer_types"] += config["layer_types"][:1] * extra
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def models(hf_checkpoint: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the tiny model, the same model padded with 62 silent layers)."""
+    small = hf_checkpoint("qwen3")
+    return small, identity_padded(small, tmp_path_factory.mktemp("padded") / "m", 62)
+
+
+def tune_k(target: Path, draft: Path, logs: Path) -> tuple[list[DecisionRecord], int]:
+    """Serve `target` with `draft` proposing (K starts at 1, capped at 3) under one client, and run the tuner until
+    its first change of K is kept or rolled back: (every decision record, the engine's K at the end)."""
+    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3})
+    with start_server(target, "--served-model-name", MODEL, "--revision", REVISION, "--max-model-len", "256",
+                      "--num-kv-blocks", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
+                      "--speculative-config", spec, "--num-speculative-tokens", "1", log_dir=logs,
+                      env={contract.ADMIN_TOKEN_ENV: TOKEN}) as engine, \
+            start_prometheus([engine.url.removeprefix("http://")], logs, scrape_interval_s=SCRAPE_S) as prom:
+        source = PrometheusSource(prom.url, MODEL, REVISION, window_s=4.0, scrape_interval_s=SCRAPE_S)
+        # Only K may move; five windows before and after make a one-sided rank test able to reach significance.
+        controller = Controller(slo=SLO(ttft_p95_s=10.0, itl_p95_s=0.0005), bounds={"max_num_seqs": (8, 8),
+                                                                   "max_num_batched_tokens": (256, 256), K: (0, 3)},
+                                consecutive=5, cooldown_s=4.0, max_actions_per_hour=60, scrape_interval_s=INTERVAL_S,
+                                window="4s")
+        sink = HistorySink(limit=100)
+        tuner = Tuner(MODEL, REVISION, controller, source, EngineActuator([engine.url], TOKEN), sink,
+                      TunerSettings(interval_s=INTERVAL_S, settle_intervals=1, verify_intervals=5, backoff_s=600.0))
+        stop = threading.Event()
+        load(engine.url, 1, stop, deadline_s=160.0, model=MODEL)
+        time.sleep(2 * INTERVAL_S)  # traffic before the first window
+        try:
+            deadline = time.monotonic() + 150
+            while time.monotonic() < deadline and not any(
+                    r.knob == K and r.outcome in (Outcome.KEPT, Outcome.ROLLED_BACK) for r in sink.records):
+                time.sleep(INTERVAL_S)
+                tuner.step(time.time())
+            knobs = httpx.get(f"{engine.url}/admin/knobs", headers={"authorization": f"Bearer {TOKEN}"},
+                              timeout=10).json()
+        finally:
+            stop.set()
+    records = list(sink.records)
+    assert any(r.knob == K and r.outcome in (Outcome.KEPT, Outcome.ROLLED_BACK) for r in records), \
+        f"no verdict on K within 150 s; records: {[r.to_json() for r in records]}, hold: {controller.hold}"
+    return records, int(knobs[K])
+
+
+def first_change_of_k(records: list[DecisionRecord]) -> tuple[DecisionRecord, DecisionRecord]:
+    applied = next(r for r in records if r.knob == K and r.outcome is Outcome.APPLIED)
+    verdict = next(r for r in records if r.id == applied.id and r.outcome is not Outcome.APPLIED)
+    return applied, verdict
+
+
+def test_a_deeper_k_with_a_cheap_draft_is_kept(models: tuple[Path, Path], tmp_path: Path) -> None:
+    small, padded = models
+    records, k_at_end = tune_k(padded, small, tmp_path)
+    applied, verdict = first_change_of_k(records)
+    assert (applied.from_, applied.to, applied.reason) == (1, 2, "SpecHeadroom")
+    acceptance = next(e for e in applied.evidence if e.metric == "spec_acceptance")
+    assert acceptance.value is not None and acceptance.value >= 0.8
+    assert verdict.outcome is Outcome.KEPT, verdict.to_json()
+    itl = next(e for e in verdict.evidence if e.metric == "itl_p95_s")
+    before = itl.threshold / (1 + TunerSettings().min_effect)  # the evidence's threshold is the before-median + 10%
+    assert itl.value is not None and itl.value < before  # measured: 18.4 → 14.3 ms and 17.6 → 12.1 ms
+    assert k_at_end >= 2  # the engine runs the deeper K (or deeper still: the rule may raise it again at once)
+
+
+def test_a_deeper_k_with_a_costly_draft_is_rolled_back(models: tuple[Path, Path], tmp_path: Path) -> None:
+    small, padded = models
+    records, k_at_end = tune_k(small, padded, tmp_path)
+    applied, verdict = first_change_of_k(records)
+    assert (applied.from_, applied.to, applied.reason) == (1, 2, "SpecHeadroom")
+    assert verdict.outcome is Outcome.ROLLED_BACK, verdict.to_json()
+    # Time per token rose: ITL p95 regressed, or the requests' E2E p95 (64 tokens each) did, or both (measured: ITL
+    # p95 16.7 → 19.9 ms with E2E 0.99 → 1.24 s; E2E alone in another run).
+    assert {e.metric for e in verdict.evidence} & {"itl_p95_s", "e2e_p95_s"}, verdict.to_json()
+    assert k_at_end == 1  # K restored on the engine
