@@ -19,7 +19,7 @@ from scipy import stats
 
 from governor.engine.sampler import filtered_logits
 from governor.engine.sampling_params import SamplingParams
-from governor.engine.spec.ngram import propose_ngram
+from governor.engine.spec.ngram import NgramIndex, propose_ngram
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
 
 # ---------------------------------------------------------------------------------------------- n-gram
@@ -85,6 +85,37 @@ def test_ngram_on_a_long_sequence_matches_the_reference() -> None:
     tokens = rng.integers(0, 40, size=4000).tolist()
     tokens += tokens[1000:1010]  # the last 8 tokens also occur at 1002..1009, followed by 1010..
     assert propose_ngram(tokens, 5, 2, 8) == reference_ngram(tokens, 5, 2, 8) == tokens[1010:1015]
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), max_size=60), chunks=st.lists(st.integers(1, 20), min_size=1),
+       k=st.integers(1, 6), min_n=st.integers(1, 3), extra_n=st.integers(0, 3))
+def test_the_incremental_index_proposes_what_the_search_does_after_every_token(
+        tokens: list[int], chunks: list[int], k: int, min_n: int, extra_n: int) -> None:
+    """Fed in chunks of any size (a step appends one token or several accepted drafts, one by one; a prompt comes
+    whole, in bulk), the index's match gives the reference's proposal at every length it is asked at."""
+    max_n = min_n + extra_n
+    index = NgramIndex(min_n, max_n)
+    fed = 0
+    for size in itertools.cycle(chunks):
+        index.extend(tokens[fed:fed + size])
+        fed = min(fed + size, len(tokens))
+        end = index.match()
+        got = [] if end is None else tokens[end + 1:min(end + 1 + k, fed)]
+        assert index.length == fed and got == reference_ngram(tokens[:fed], k, min_n, max_n)
+        if fed == len(tokens):
+            break
+
+
+def test_the_index_finds_a_long_match_in_a_long_sequence() -> None:
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 40, size=4000).tolist()
+    tokens += tokens[1000:1010]
+    index = NgramIndex(2, 8)
+    index.extend(tokens)
+    assert index.match() == 1009  # the 8-gram ending at 1009 → proposes tokens[1010:]
+    with pytest.raises(ValueError, match="1 <= min_n <= max_n"):
+        NgramIndex(3, 2)
 
 
 # ---------------------------------------------------------------------------------------------- greedy
