@@ -293,7 +293,7 @@ def packed_gemv_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _codes(qw_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr):
+def packed_codes(qw_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr):
     # The unsigned codes' [BLOCK_K, BLOCK_N] tile (input features ks, output features cols), int32.
     mask = (ks < K)[:, None] & (cols < n)[None, :]
     if GPTQ:  # packed along the input features, lowest bits first
@@ -306,7 +306,7 @@ def _codes(qw_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.co
 
 
 @triton.jit
-def _zeros(qz_ptr, groups, cols, n, mask, BITS: tl.constexpr, GPTQ: tl.constexpr):
+def packed_zeros(qz_ptr, groups, cols, n, mask, BITS: tl.constexpr, GPTQ: tl.constexpr):
     # The zero points of output features cols in groups `groups` (any shapes that broadcast together), int32.
     if GPTQ:  # packed along the output features, stored one less than the zero point
         per: tl.constexpr = 32 // BITS
@@ -319,14 +319,14 @@ def _zeros(qz_ptr, groups, cols, n, mask, BITS: tl.constexpr, GPTQ: tl.constexpr
 @triton.jit
 def _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr,
                  BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, dtype: tl.constexpr):
-    # The contribution of the K step at k0 (input features ks, codes q from `_codes`) to the program's BLOCK_N
-    # outputs, in fp32.
+    # The contribution of the K step at k0 (input features ks, codes q from `packed_codes`) to the program's
+    # BLOCK_N outputs, in fp32.
     x = _x_tile(x_ptr, ks, K, False, dtype)
     q = q.to(tl.float32)
     n_mask = cols < n
     if GROUPED:  # the step lies in one group: its zero points and scales apply to the step's sums
         group = k0 // GROUP
-        z = _zeros(qz_ptr, group, cols, n, n_mask, BITS, GPTQ).to(tl.float32)
+        z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, GPTQ).to(tl.float32)
         s = tl.load(s_ptr + group * n + cols, mask=n_mask, other=0.0).to(tl.float32)
         return s * (tl.sum(q * x[:, None], axis=0) - z * tl.sum(x, axis=0))
     mask = (ks < K)[:, None] & n_mask[None, :]
@@ -334,7 +334,7 @@ def _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K: tl.constexp
         groups = tl.load(g_ptr + ks, mask=ks < K, other=0).to(tl.int64)[:, None]
     else:
         groups = (ks // GROUP).to(tl.int64)[:, None]
-    z = _zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ).to(tl.float32)
+    z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ).to(tl.float32)
     s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     return tl.sum((q - z) * s * x[:, None], axis=0)
 
@@ -351,14 +351,14 @@ def _packed_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, 
     kk = tl.arange(0, BLOCK_K)
     if PDL:
         gdc_launch_dependents()
-    q = _codes(qw_ptr, kk, cols, n, K, BITS, GPTQ)
+    q = packed_codes(qw_ptr, kk, cols, n, K, BITS, GPTQ)
     if PDL:
         gdc_wait()
     out = _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, 0, kk, cols, n, K, GROUP, BITS, GPTQ, GROUPED, dtype)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + kk
-        out += _packed_step(x_ptr, _codes(qw_ptr, ks, cols, n, K, BITS, GPTQ), qz_ptr, s_ptr, g_ptr, k0, ks, cols, n,
-                            K, GROUP, BITS, GPTQ, GROUPED, dtype)
+        q = packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ)
+        out += _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K, GROUP, BITS, GPTQ, GROUPED, dtype)
     n_mask = cols < n
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)

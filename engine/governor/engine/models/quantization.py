@@ -50,9 +50,10 @@ scale is that of the rank's share of the token (each rank quantizes what it hold
 fp8 checkpoints without an activation scheme run weight-only.
 
 Otherwise `QuantizedLinear.forward` takes a one-row step on the fused path through the one-row GEMVs
-(`fp8_gemv`, `awq_gemv`, `gptq_gemv`), and anything else through the reference path: the whole weight dequantized
-to the activation dtype on every call and a dense matmul, correct on any device and slow on a GPU (a full-size
-weight is rebuilt per call).
+(`fp8_gemv`, `awq_gemv`, `gptq_gemv`), a step of up to PACKED_GEMM_MAX_ROWS rows of an AWQ or GPTQ layer through
+`packed_gemm` (the weight dequantized tile by tile in registers), and anything else through the reference path: the
+whole weight dequantized to the activation dtype on every call and a dense matmul, correct on any device and slow on
+a GPU (a full-size weight is rebuilt per call).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from governor.kernels.elementwise import triton_usable
 from governor.kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
 from governor.kernels.gemv import awq_gemv, fp8_gemv, fp8_gemv_usable, gptq_gemv, packed_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
+from governor.kernels.packed_gemm import packed_gemm, packed_gemm_usable
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
 PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
@@ -391,8 +393,9 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, kernels: LaunchPolicy | None = None
                 ) -> torch.Tensor:
         """x @ W.T (+ bias) in x's dtype. W8A8 layers quantize x first (`_w8a8`). On the fused path (`kernels`: its
-        launch policy) a one-row step streams the packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`;
-        otherwise W is dequantized on every call (the reference path; slow on a GPU)."""
+        launch policy) a one-row step streams the packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step
+        of a few rows of AWQ or GPTQ through `packed_gemm`; otherwise W is dequantized on every call (the reference
+        path; slow on a GPU)."""
         if self.method in FP8_METHODS and self.quantize_activations:
             return self._w8a8(x, bias, kernels)
         if kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
@@ -402,6 +405,9 @@ class QuantizedLinear(nn.Module):
         if kernels is not None and self.method == "gptq" and packed_gemv_usable(x, self.qweight):
             return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias,
                              group_size=self.group_size if self.groups_in_order else None, policy=kernels)
+        if kernels is not None and self.method in ("awq", "gptq") and packed_gemm_usable(x, self.qweight):
+            return packed_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx if self.method == "gptq" else None,
+                               self.bits, self.group_size, bias)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
 
     def _w8a8(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None) -> torch.Tensor:
