@@ -13,6 +13,7 @@ import torch
 import governor.engine.models.quantization as quantization
 from governor.engine.models.model_config import WeightQuantization
 from governor.engine.models.quantization import QuantizedLinear
+from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_ref, fp8_block_k_step
 from governor.kernels.fp8_quant import fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
 from governor.kernels.launch_policy import LaunchPolicy
 from tests.conftest import count_calls
@@ -126,6 +127,51 @@ def test_block_scaled_layers_round_each_group_and_never_take_scaled_mm(monkeypat
     torch.testing.assert_close(got, torch.cat(groups, 1) @ layer.dequantize().t())
 
 
+def block_product(x: torch.Tensor, group: int, codes: torch.Tensor, w_scales: torch.Tensor, block: tuple[int, int],
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """W8A8 over a block-scaled weight in float64: x rounded per token (`group` 0) or per `group` features (the
+    reference rounding, checked above against PyTorch's, over each group's slice), times the codes each scaled by its
+    block's scale (this file's own loop over blocks)."""
+    xq = torch.cat([fp8_round_ref(part.contiguous(), 0) for part in x.split(group or x.shape[1], dim=1)], 1)
+    bn, bk = block
+    w = torch.zeros(codes.shape, dtype=torch.float64)
+    for r in range(w_scales.shape[0]):
+        for c in range(w_scales.shape[1]):
+            w[r * bn:(r + 1) * bn, c * bk:(c + 1) * bk] = codes[r * bn:(r + 1) * bn, c * bk:(c + 1) * bk].double() \
+                * float(w_scales[r, c])
+    out = xq.double() @ w.t()
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize(("rows", "n", "k", "block", "group"), [(3, 64, 128, (32, 64), 64), (17, 48, 100, (16, 48), 48),
+                                                             (5, 40, 64, (8, 32), 0)],
+                         ids=["square-ish", "ragged-k-and-two-row-tiles", "per-token-x"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_block_scaled_w8a8_gemm_is_the_product_of_both_sides_codes_and_scales(rows: int, n: int, k: int,
+                                                                                  block: tuple[int, int], group: int,
+                                                                                  dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(rows + n)
+    codes = (torch.randn(n, k, generator=gen) * 100).to(torch.float8_e4m3fn)
+    w_scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=gen) / 100 + 1e-3
+    x = random_rows(rows, k, torch.float32, seed=rows).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    x_codes, x_scales = fp8_quantize(x.contiguous(), group)
+    got = fp8_block_gemm(x_codes, x_scales, group, codes, w_scales, block, bias, dtype)
+    want = block_product(x.float(), group, codes, w_scales, block, bias)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * float(want.abs().max()))
+    ref = fp8_block_gemm_ref(x_codes, x_scales, group, codes, w_scales, block, bias, dtype)
+    torch.testing.assert_close(ref.double(), want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_the_block_gemm_takes_only_blocks_a_k_step_divides() -> None:
+    assert fp8_block_k_step(128) == 128 and fp8_block_k_step(48) == 16 and fp8_block_k_step(24) == 0
+    codes = torch.zeros(2, 24, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="blocks whose width 24"):
+        fp8_block_gemm(codes, torch.ones(2, 1), 0, torch.zeros(8, 24, dtype=torch.float8_e4m3fn), torch.ones(1, 1),
+                       (8, 24), None, torch.float32)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_kernel_codes_and_the_scaled_mm_product() -> None:
@@ -141,3 +187,19 @@ def test_gpu_kernel_codes_and_the_scaled_mm_product() -> None:
     xs = torch.randn(32, 4096, device="cuda").bfloat16()
     got = layer(xs, None, LaunchPolicy())
     torch.testing.assert_close(got.double().cpu(), w8a8_product(xs.float().cpu(), layer.cpu()), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [8, 512])
+def test_gpu_block_gemm_at_a_real_shape_is_the_product_of_both_sides(rows: int) -> None:
+    """The qkv shape of llama3-8b in 128 x 128 blocks (the tensor cores' e4m3 dot), against the float64 product."""
+    n, k, block = 6144, 4096, (128, 128)
+    gen = torch.Generator().manual_seed(53)
+    codes = (torch.randn(n, k, generator=gen) * 100).to(torch.float8_e4m3fn)
+    w_scales = torch.rand(n // 128, k // 128, generator=gen) / 100 + 1e-3
+    x = random_rows(rows, k, torch.bfloat16, seed=54)
+    x_codes, x_scales = fp8_quantize(x.cuda(), 128)
+    got = fp8_block_gemm(x_codes, x_scales, 128, codes.cuda(), w_scales.cuda(), block, None, torch.bfloat16)
+    want = block_product(x.float(), 128, codes, w_scales, block, None)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-2, atol=1e-2 * float(want.abs().max()))

@@ -561,18 +561,21 @@ def test_triton_backend_runs_quantized_decode_steps_through_their_gemv(quantized
     assert calls[kernel] >= 3 * 4 * 2  # decode steps x (qkv, o, gate_up, down) x layers
 
 
-@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order"])
-def test_triton_backend_runs_batched_steps_through_the_packed_gemm(quantized, hf_model, monkeypatch, case: str) -> None:
+@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order", "qwen3-32x64"])
+def test_triton_backend_runs_batched_steps_through_packed_gemms(quantized, hf_model, monkeypatch, case: str) -> None:
     """On the fused path (Triton backend) prefill chunks and batched decode steps of an AWQ or GPTQ model take
-    `packed_gemm`, one-row steps the GEMVs; the tokens are transformers' on the dequantized weights."""
+    `packed_gemm`, of a block-scaled fp8 model `fp8_block_gemm` (W8A8), one-row steps the GEMVs; the tokens are
+    transformers' on the dequantized weights (fp8: with W8A8's input rounding)."""
     import governor.engine.models.quantization as quantization
 
-    calls = count_calls(monkeypatch, quantization, "packed_gemm")
-    arch, scheme = ("llama", AWQ) if case == "awq" else GPTQ_CASES[case]
+    kernel = "fp8_block_gemm" if case == "qwen3-32x64" else "packed_gemm"
+    calls = count_calls(monkeypatch, quantization, kernel)
+    arch, scheme = {**GPTQ_CASES, **FP8_CASES, "awq": ("llama", AWQ)}[case]
     packed, oracle = quantized(arch, scheme)
     llm = LLM(str(packed), dtype="float32", attention_backend="triton")
-    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(3, seed=50, lo=2, hi=12), n=4)
-    assert calls["packed_gemm"] >= 4 * 2 * 2  # (qkv, o, gate_up, down) x layers x (prefill, batched decode)
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(3, seed=50, lo=2, hi=12), n=4,
+                         w8a8=scheme.activation_group)
+    assert calls[kernel] >= 4 * 2 * 2  # (qkv, o, gate_up, down) x layers x (prefill, batched decode)
 
 
 @pytest.mark.gpu

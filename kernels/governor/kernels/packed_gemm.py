@@ -36,6 +36,23 @@ def packed_gemm_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 
 @triton.jit
+def rows_tile(x_ptr, rows, ks, K: tl.constexpr, row_mask, k_mask):
+    # x's [BLOCK_M, BLOCK_K] tile of a contiguous [M, K] x, as stored (zero outside the masks).
+    return tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def store_rows(out_ptr, acc, b_ptr, rows, cols, n, row_mask, n_mask, HAS_BIAS: tl.constexpr):
+    # acc (fp32) plus the bias, rounded once to the output's dtype into rows x cols of a contiguous [M, n] out.
+    dtype = out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], round_to(acc, dtype).to(dtype),
+             mask=row_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
 def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, n, K: tl.constexpr,
                         GROUP: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
@@ -49,8 +66,7 @@ def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, 
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :],
-                    other=0.0)
+        x = rows_tile(x_ptr, rows, ks, K, row_mask, k_mask)
         if GPTQ:
             groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)[:, None]
         else:
@@ -64,10 +80,7 @@ def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, 
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(x, w)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out = round_to(acc, dtype).to(dtype)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], out, mask=row_mask[:, None] & n_mask[None, :])
+    store_rows(out_ptr, acc, b_ptr, rows, cols, n, row_mask, n_mask, HAS_BIAS)
 
 
 def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,

@@ -44,9 +44,11 @@ load): on every path, a layer's input is quantized to e4m3 with a dynamic scale 
 weight's input block (block-scaled fp8), before it meets the weight (kernels/fp8_quant.py), so a token's result
 does not depend on the path its step takes. A step of several rows with one scale per token and per output
 feature (fp8 quantized at load, compressed-tensors per channel or per tensor) multiplies the codes directly in
-`torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU); elsewhere the input is rounded to the values
-its codes stand for (`fp8_round`) and multiplied as below. Under tensor parallelism a row-parallel layer's token
-scale is that of the rank's share of the token (each rank quantizes what it holds, with no collective), as in vLLM.
+`torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU); one of several rows with block-scaled
+weights, on the fused path, in `fp8_block_gemm` (kernels/fp8_gemm.py: e4m3 dots scaled per K block); elsewhere the
+input is rounded to the values its codes stand for (`fp8_round`) and multiplied as below. Under tensor parallelism a
+row-parallel layer's token scale is that of the rank's share of the token (each rank quantizes what it holds, with no
+collective), as in vLLM.
 fp8 checkpoints without an activation scheme run weight-only.
 
 Otherwise `QuantizedLinear.forward` takes a one-row step on the fused path through the one-row GEMVs
@@ -68,6 +70,7 @@ from governor.engine.models.checkpoint import LazyTensor, read_share
 from governor.engine.models.make_model import INIT_STD, tensor_generator
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
 from governor.kernels.elementwise import triton_usable
+from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_usable
 from governor.kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
 from governor.kernels.gemv import awq_gemv, fp8_gemv, fp8_gemv_usable, gptq_gemv, packed_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
@@ -412,20 +415,25 @@ class QuantizedLinear(nn.Module):
 
     def _w8a8(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None) -> torch.Tensor:
         """x's tokens (or their groups of `activation_group` features) in e4m3 with dynamic scales, times the weight:
-        the codes through `torch._scaled_mm` for several rows with one scale per token and per output feature, the
-        values the codes stand for through the one-row GEMV or the reference path otherwise."""
+        for several rows, the codes through `torch._scaled_mm` (one scale per token and per output feature) or, on the
+        fused path, `fp8_block_gemm` (block-scaled weights); otherwise the values the codes stand for through the
+        one-row GEMV or the reference path."""
         assert self.activation_group is not None
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         fused = kernels is not None and triton_usable(flat)  # the Triton quantizer, else the PyTorch reference
-        if flat.shape[0] > 1 and self.activation_group == 0 and not self.blocked \
-                and scaled_mm_usable(flat, self.weight):
+        group = self.activation_group
+        if flat.shape[0] > 1 and group == 0 and not self.blocked and scaled_mm_usable(flat, self.weight):
             codes, scales = (fp8_quantize if fused else fp8_quantize_ref)(flat, 0)
             y = torch._scaled_mm(codes, self.weight.t(), scale_a=scales, scale_b=self.weight_scale_inv.view(1, -1),
                                  out_dtype=x.dtype)
             if bias is not None:
                 y = y + bias
+        elif flat.shape[0] > 1 and self.blocked and fused \
+                and fp8_block_gemm_usable(flat, self.weight, self.block_size, group):
+            codes, scales = fp8_quantize(flat, group)
+            y = fp8_block_gemm(codes, scales, group, self.weight, self.weight_scale_inv, self.block_size, bias, x.dtype)
         else:
-            rounded = (fp8_round if fused else fp8_round_ref)(flat, self.activation_group)
+            rounded = (fp8_round if fused else fp8_round_ref)(flat, group)
             if kernels is not None and fp8_gemv_usable(rounded, self.weight):
                 y = fp8_gemv(rounded, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
             else:
