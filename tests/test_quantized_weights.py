@@ -398,7 +398,7 @@ def test_w8a8_prompt_logits_match_transformers_with_rounded_inputs(quantized, hf
                 rounded = model(torch.tensor([prompt]), use_cache=False).logits[0]
         vocab = rounded.shape[1]
         off = (ours[:, :vocab] - rounded).abs().amax(-1)
-        assert float((off < 1e-4).float().mean()) >= 0.9, off
+        assert float((off < 1e-4).float().mean()) >= 0.9 and float(off.max()) < 0.5, off
         assert float((ours[:, :vocab] - plain).abs().amax(-1).min()) > 0.1  # the rounding is there to see
 
 

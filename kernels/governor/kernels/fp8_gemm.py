@@ -6,8 +6,10 @@ Per-row weight scales need no kernel of their own (`torch._scaled_mm` takes a sc
 scales change along K, so each program sums a K step's codes in one `tl.dot` (e4m3 inputs, fp32 accumulator: the
 tensor cores' fp8 path on sm_90) and scales the partial sum by its row's and column's scales before adding it: every
 K step lies in one scale block (the step divides BK_SCALE). The products of codes are exact, the sums fp32, the
-result rounded once to the output dtype. Under the interpreter, whose dot takes no fp8, the codes are widened to
-fp32 first (exactly). The tile is a first choice, not yet measured on a GPU.
+result rounded once to the output dtype (on sm_90, Triton may let an e4m3 dot sum part of a K step at the tensor
+cores' reduced precision, as cuBLAS's fast-accumulation mode does: its `max_num_imprecise_acc` default, left as is
+and not yet measured). Under the interpreter, whose dot takes no fp8, the codes are widened to fp32 first (exactly).
+The tile is a first choice, not yet measured on a GPU.
 """
 
 from __future__ import annotations

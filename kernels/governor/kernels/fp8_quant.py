@@ -14,9 +14,11 @@ shifting right by 20 rounds to nearest even and carries into the exponent, and t
 float32 (exact: the sum's spacing is 1) and reading the integer back from the sum's bits. Divisions are IEEE
 (`div_rn`), as PyTorch's are, so the codes and scales are bit for bit those of the reference.
 
-`fp8_round` gives what those codes stand for, code times scale in x's dtype, for a product that multiplies x
-as rounded (the one-row fp8 GEMV): the same kernel writes the rounded magnitude (float32's bits with the 20 dropped
-ones cleared, or the subnormal count times 2^-9, both exact) times the scale instead of the code.
+`fp8_round` gives what those codes stand for, code times scale, for a product that multiplies x as rounded (the
+one-row fp8 GEMV; in float32, so that it multiplies what the GEMMs of the codes do): the same kernel writes the
+rounded magnitude (float32's bits with the 20 dropped ones cleared, or the subnormal count times 2^-9, both exact)
+times the scale instead of the code. A NaN or an infinity in a slice makes the slice's scale and codes NaN, as in
+PyTorch (infinity over infinity); every other slice is unaffected.
 """
 
 from __future__ import annotations
@@ -44,46 +46,54 @@ def fp8_quantize_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
     return codes.contiguous(), scales
 
 
-def fp8_round_ref(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x [rows, K] as its e4m3 codes stand for it: each code times its scale, in float32, returned in x's dtype."""
+def fp8_round_ref(x: torch.Tensor, group: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [rows, K] as its e4m3 codes stand for it: each code times its scale, in float32, returned in `dtype` (None:
+    x's). In float32 these are the values a product of the codes multiplies (a code has 4 significant bits, so its
+    product with the scale is exact to float32's last bit)."""
     codes, scales = fp8_quantize_ref(x, group)
     g = group or x.shape[1]
-    return (codes.float() * scales.repeat_interleave(g, dim=1)[:, :x.shape[1]]).to(x.dtype)
+    return (codes.float() * scales.repeat_interleave(g, dim=1)[:, :x.shape[1]]).to(dtype or x.dtype)
 
 
 @triton.jit
 def _e4m3(v, VALUES: tl.constexpr):
     # Float32 v (|v| <= 448) rounded to e4m3, nearest even: its float8_e4m3fn bits as int32 in [0, 255], or (VALUES)
     # the rounded value in float32.
+    # A NaN (a NaN or infinite input makes its whole slice NaN, as in PyTorch) stays NaN: code 0x7F with its sign.
     bits = v.to(tl.int32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     normal = (magnitude + 0x7FFFF + ((magnitude >> 20) & 1)) >> 20
     a = magnitude.to(tl.float32, bitcast=True)
     steps = (a * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000  # 2^-9 steps; 8388608 = 2^23
     is_normal = magnitude >= (121 << 23)  # 121 << 23: the bits of 2^-6
+    is_nan = magnitude > 0x7F800000
     if VALUES:
         rounded = tl.where(is_normal, (normal << 20).to(tl.float32, bitcast=True), steps.to(tl.float32) * 0.001953125)
         rounded = tl.minimum(rounded, 448.0)
-        return tl.where(bits < 0, -rounded, rounded)
+        return tl.where(is_nan, v, tl.where(bits < 0, -rounded, rounded))
     else:
-        code = tl.where(is_normal, normal - (120 << 3), steps)
-        return ((bits >> 24) & 0x80) | tl.minimum(code, 0x7E)  # 0x7E: 448, the largest finite code
+        code = tl.where(is_nan, 0x7F, tl.minimum(tl.where(is_normal, normal - (120 << 3), steps), 0x7E))
+        return ((bits >> 24) & 0x80) | code  # 0x7E: 448, the largest finite code
 
 
 @triton.jit
 def _fp8_quantize_kernel(x_ptr, out_ptr, scales_ptr, stride_x, K: tl.constexpr, G: tl.constexpr,
                          GROUPS: tl.constexpr, BLOCK: tl.constexpr, VALUES: tl.constexpr):
     # One program per (row, group): the group's largest magnitude, then its codes (or the values they stand for).
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     gi = tl.program_id(1)
     start = gi * G
     x_row = x_ptr + row * stride_x
     amax = tl.zeros([BLOCK], dtype=tl.float32)
+    nans = tl.zeros([BLOCK], dtype=tl.int32)  # the GPU's maximum drops NaNs: they are counted apart
     for off in range(0, G, BLOCK):
         cols = start + off + tl.arange(0, BLOCK)
         mask = (cols < K) & (off + tl.arange(0, BLOCK) < G)
-        amax = tl.maximum(amax, tl.abs(tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)))
+        xv = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(xv))
+        nans = tl.maximum(nans, (xv != xv).to(tl.int32))
     scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), 448.0), 1.1754943508222875e-38)
+    scale = tl.where(tl.max(nans, 0) > 0, tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True), scale)
     tl.store(scales_ptr + row * GROUPS + gi, scale)
     for off in range(0, G, BLOCK):
         cols = start + off + tl.arange(0, BLOCK)
@@ -97,7 +107,7 @@ def _fp8_quantize_kernel(x_ptr, out_ptr, scales_ptr, stride_x, K: tl.constexpr, 
 
 
 def _launch(x: torch.Tensor, group: int, out: torch.Tensor) -> torch.Tensor:
-    """The scales; `out` gets the codes (uint8) or the rounded values (x's dtype)."""
+    """The scales; `out` gets the codes (uint8) or the rounded values (in its own dtype)."""
     rows, k = x.shape
     g = group or k
     groups = -(-k // g)
@@ -122,9 +132,9 @@ def fp8_quantize(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tenso
     return codes.view(FP8_DTYPE), _launch(x, group, codes)
 
 
-def fp8_round(x: torch.Tensor, group: int) -> torch.Tensor:
+def fp8_round(x: torch.Tensor, group: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """`fp8_round_ref` in one Triton kernel, for the same x as `fp8_quantize`."""
     _check(x, "fp8_round")
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
     _launch(x, group, out)
     return out

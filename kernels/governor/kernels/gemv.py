@@ -87,19 +87,21 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, out_ptr, n, K: tl.constexpr, BLOCK_N: tl.c
 
 
 def _one_row_output(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int,
-                    policy: LaunchPolicy) -> tuple[bool, torch.Tensor]:
+                    policy: LaunchPolicy, dtype: torch.dtype | None = None) -> tuple[bool, torch.Tensor]:
     """What every one-row GEMV launch of N outputs needs after its own checks: the bias checked, whether it runs
-    under PDL, and the output [1, N] in x's dtype."""
-    if bias is not None and (bias.shape != (n,) or bias.dtype != x.dtype):
-        raise ValueError(f"{name}: bias must be [{n}] in {x.dtype}, got {tuple(bias.shape)} {bias.dtype}")
-    return chain_pdl(policy, x.device), torch.empty(1, n, dtype=x.dtype, device=x.device)
+    under PDL, and the output [1, N] in `dtype` (None: x's), which the bias must share."""
+    dtype = dtype or x.dtype
+    if bias is not None and (bias.shape != (n,) or bias.dtype != dtype):
+        raise ValueError(f"{name}: bias must be [{n}] in {dtype}, got {tuple(bias.shape)} {bias.dtype}")
+    return chain_pdl(policy, x.device), torch.empty(1, n, dtype=dtype, device=x.device)
 
 
 def _one_row_launch(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int, k: int,
-                    policy: LaunchPolicy | None) -> tuple[GemvConfig, int, bool, torch.Tensor]:
+                    policy: LaunchPolicy | None, dtype: torch.dtype | None = None
+                    ) -> tuple[GemvConfig, int, bool, torch.Tensor]:
     """`_one_row_output`, and the policy's `gemv` tile and its K step over K (`block_k_for`)."""
     policy = policy or policy_for(x.device)
-    pdl, out = _one_row_output(name, x, bias, n, policy)
+    pdl, out = _one_row_output(name, x, bias, n, policy, dtype)
     return policy.gemv, block_k_for(policy.gemv.block_k, k), pdl, out
 
 
@@ -234,9 +236,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, n, stride_s, K: tl.con
 
 
 def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-             bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
+             bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`fp8_gemv_ref` in one Triton kernel for x [1, K], an e4m3 w [N, K] and its float32 block scales; returns
-    [1, N] in x's dtype. The launch takes the policy's `gemv` tile and warps (None: the device's)."""
+    [1, N] in `out_dtype` (None: x's; W8A8 passes its rounded x in float32 and asks for the model's dtype). The launch
+    takes the policy's `gemv` tile and warps (None: the device's)."""
     if not fp8_gemv_usable(x, w):
         raise ValueError(f"fp8_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous float8_e4m3fn "
                          f"w [N, K]; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
@@ -247,7 +251,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple
     if tuple(scale.shape) != (-(-n // bn), -(-k // bk)) or scale.dtype != torch.float32 or scale.stride(1) != 1:
         raise ValueError(f"fp8_gemv: scale must be float32 [{-(-n // bn)}, {-(-k // bk)}] (blocks of {bn} x {bk}) "
                          f"with contiguous rows, got {tuple(scale.shape)} {scale.dtype}")
-    config, block_k, pdl, out = _one_row_launch("fp8_gemv", x, bias, n, k, policy)
+    config, block_k, pdl, out = _one_row_launch("fp8_gemv", x, bias, n, k, policy, out_dtype)
     _fp8_gemv_kernel[(triton.cdiv(n, config.block_n),)](
         x, w, scale, out if bias is None else bias, out, n, scale.stride(0), K=k, BN_SCALE=bn, BK_SCALE=bk,
         BLOCK_N=config.block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None, EVEN_N=n % config.block_n == 0,

@@ -41,12 +41,14 @@ A shard that would split a pack, a group or a block is refused at build time, na
 fp8 runs W8A8 where the checkpoint quantizes activations (`WeightQuantization.activation_group` is not None:
 fp8's dynamic activation scheme, compressed-tensors' dynamic per-token input activations, and fp8 quantized at
 load): on every path, a layer's input is quantized to e4m3 with a dynamic scale per token, or per group of the
-weight's input block (block-scaled fp8), before it meets the weight (kernels/fp8_quant.py), so a token's result
-does not depend on the path its step takes. A step of several rows with one scale per token and per output
-feature (fp8 quantized at load, compressed-tensors per channel or per tensor) multiplies the codes directly in
-`torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU); one of several rows with block-scaled
-weights, on the fused path, in `fp8_block_gemm` (kernels/fp8_gemm.py: e4m3 dots scaled per K block); elsewhere the
-input is rounded to the values its codes stand for (`fp8_round`) and multiplied as below. Under tensor parallelism a
+weight's input block (block-scaled fp8), before it meets the weight (kernels/fp8_quant.py). A step of several rows
+with one scale per token and per output feature (fp8 quantized at load, compressed-tensors per channel or per
+tensor) multiplies the codes directly in `torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU);
+one of several rows with block-scaled weights, on the fused path, in `fp8_block_gemm` (kernels/fp8_gemm.py: e4m3
+dots scaled per K block); elsewhere the input becomes the values its codes stand for, in float32 (`fp8_round`),
+times the exact weight (`fp8_gemv`, or the reference matmul in float32). Every path thus sums exact products in
+float32 and rounds once, so a token's result depends on its step's path only through the order of a sum. Under
+tensor parallelism a
 row-parallel layer's token scale is that of the rank's share of the token (each rank quantizes what it holds, with no
 collective), as in vLLM.
 fp8 checkpoints without an activation scheme run weight-only.
@@ -425,17 +427,18 @@ class QuantizedLinear(nn.Module):
         if flat.shape[0] > 1 and group == 0 and not self.blocked and scaled_mm_usable(flat, self.weight):
             codes, scales = (fp8_quantize if fused else fp8_quantize_ref)(flat, 0)
             y = torch._scaled_mm(codes, self.weight.t(), scale_a=scales, scale_b=self.weight_scale_inv.view(1, -1),
-                                 out_dtype=x.dtype)
-            if bias is not None:
-                y = y + bias
+                                 bias=bias, out_dtype=x.dtype)
         elif flat.shape[0] > 1 and self.blocked and fused \
                 and fp8_block_gemm_usable(flat, self.weight, self.block_size, group):
             codes, scales = fp8_quantize(flat, group)
             y = fp8_block_gemm(codes, scales, group, self.weight, self.weight_scale_inv, self.block_size, bias, x.dtype)
         else:
-            rounded = (fp8_round if fused else fp8_round_ref)(flat, group)
+            # The values the codes stand for, in float32, times the exact weight: what the GEMMs of the codes above
+            # compute (exact products, float32 sums, one rounding), so a token's result does not depend on its step.
+            rounded = (fp8_round if fused else fp8_round_ref)(flat, group, torch.float32)
             if kernels is not None and fp8_gemv_usable(rounded, self.weight):
-                y = fp8_gemv(rounded, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels)
+                y = fp8_gemv(rounded, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels,
+                             out_dtype=x.dtype)
             else:
-                y = nn.functional.linear(rounded, self.dequantize(x.dtype), bias)
+                y = nn.functional.linear(rounded, self.dequantize(), None if bias is None else bias.float()).to(x.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
