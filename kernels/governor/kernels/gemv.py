@@ -40,9 +40,13 @@ def gemv_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
 @triton.jit
 def _w_tile(w_rows, ks, n_mask, K: tl.constexpr, EVEN: tl.constexpr):
     # The weight's [BLOCK_N, BLOCK_K] tile at columns ks, in fp32 (the mask is left out when the tiles are whole).
+    # One return (structured control flow): an early return in a function that another calls did not compile on
+    # sm_90 (Triton 3.6's conversion to TritonGPU left the branch's values unresolved).
     if EVEN:
-        return tl.load(w_rows + ks[None, :]).to(tl.float32)
-    return tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_rows + ks[None, :])
+    else:
+        w = tl.load(w_rows + ks[None, :], mask=n_mask[:, None] & (ks < K)[None, :], other=0.0)
+    return w.to(tl.float32)
 
 
 @triton.jit
