@@ -1,0 +1,93 @@
+"""Compile the quantized-weight kernels for a Hopper GPU (sm_90) on any machine, GPU or not: Triton's front end, its
+TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin. What the interpreter cannot
+show (a kernel that Triton cannot lower for the GPU) shows here; whether the cubin computes the right thing is for
+the GPU tests.
+
+    env -u TRITON_INTERPRET python3 scripts/compile-sm90.py      (PYTHONPATH=engine:kernels:operator)
+
+Prints one line per kernel and configuration; exits 1 if any fails to compile. The configurations are the shapes
+of the llama3-8b layers the engine launches them with (K 4,096 or 14,336; AWQ/GPTQ groups of 128; fp8 blocks of
+128 x 128 and per row), in bf16, plus the float32 variants the tests use.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from governor.kernels import fp8_gemm, fp8_quant, gemv, packed_gemm
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
+    """(name, kernel, signature, constexprs) for every configuration compiled."""
+    out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
+
+    def constexprs(names: str, **values: Any) -> tuple[dict[str, str], dict[str, Any]]:
+        return {n: "constexpr" for n in names.split()}, values
+
+    for x, values, out_t, k, g in (("*bf16", False, "*u8", 4096, 0), ("*bf16", True, "*fp32", 4096, 128),
+                                   ("*fp16", True, "*fp16", 14336, 0), ("*fp32", False, "*u8", 4096, 128)):
+        sig, consts = constexprs("K G GROUPS BLOCK VALUES", K=k, G=g or k, GROUPS=k // (g or k),
+                                 BLOCK=min(g or k, 1024), VALUES=values)
+        out.append((f"fp8_quantize x={x} out={out_t} group={g}", fp8_quant._fp8_quantize_kernel,
+                    {"x_ptr": x, "out_ptr": out_t, "scales_ptr": "*fp32", "stride_x": "i32", **sig}, consts))
+    for x, scale, even in (("*bf16", 0, True), ("*bf16", 1, False), ("*bf16", 2, True), ("*fp32", 1, True),
+                           ("*fp32", 2, False)):
+        per_row = scale == 1
+        sig, consts = constexprs("K BN_SCALE BK_SCALE BLOCK_N BLOCK_K HAS_BIAS EVEN_N EVEN_K SCALE PDL", K=4096,
+                                 BN_SCALE=1 if per_row else 128, BK_SCALE=4096 if per_row else 128, BLOCK_N=4,
+                                 BLOCK_K=1024, HAS_BIAS=True, EVEN_N=even, EVEN_K=even, SCALE=scale, PDL=True)
+        out.append((f"fp8_gemv x={x} scale_mode={scale} even={even}", gemv._fp8_gemv_kernel,
+                    {"x_ptr": x, "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
+                     "n": "i32", "stride_s": "i32", **sig}, consts))
+    for gptq, bits, grouped in ((False, 4, True), (True, 4, True), (True, 8, False)):
+        sig, consts = constexprs("K GROUP BITS GPTQ GROUPED BLOCK_N BLOCK_K HAS_BIAS PDL", K=4096, GROUP=128,
+                                 BITS=bits, GPTQ=gptq, GROUPED=grouped, BLOCK_N=gemv.PACKED_BLOCK_N,
+                                 BLOCK_K=gemv.PACKED_BLOCK_K, HAS_BIAS=False, PDL=True)
+        out.append((f"packed_gemv gptq={gptq} bits={bits} grouped={grouped}", gemv._packed_gemv_kernel,
+                    {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
+                     "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
+    for x, gptq, bits, ieee in (("*bf16", False, 4, False), ("*bf16", True, 4, False), ("*fp16", True, 8, False),
+                                ("*fp32", True, 4, True)):
+        sig, consts = constexprs("K GROUP BITS GPTQ BLOCK_M BLOCK_N BLOCK_K HAS_BIAS IEEE", K=4096, GROUP=128,
+                                 BITS=bits, GPTQ=gptq, BLOCK_M=packed_gemm._BLOCK_M, BLOCK_N=packed_gemm._BLOCK_N,
+                                 BLOCK_K=packed_gemm._BLOCK_K, HAS_BIAS=True, IEEE=ieee)
+        out.append((f"packed_gemm x={x} gptq={gptq} bits={bits}", packed_gemm._packed_gemm_kernel,
+                    {"x_ptr": x, "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32", "b_ptr": x,
+                     "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts))
+    for bk, per_token in ((128, False), (128, True), (32, False)):
+        sig, consts = constexprs("K X_GROUPS BN_SCALE BK_SCALE X_PER_TOKEN BLOCK_M BLOCK_N BLOCK_K HAS_BIAS WIDEN",
+                                 K=4096, X_GROUPS=1 if per_token else 4096 // bk, BN_SCALE=128, BK_SCALE=bk,
+                                 X_PER_TOKEN=per_token, BLOCK_M=fp8_gemm._BLOCK_M, BLOCK_N=fp8_gemm._BLOCK_N,
+                                 BLOCK_K=fp8_gemm.fp8_block_k_step(bk), HAS_BIAS=True, WIDEN=False)
+        out.append((f"fp8_block_gemm block_k={bk} per_token_x={per_token}", fp8_gemm._fp8_block_gemm_kernel,
+                    {"x_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "w_ptr": "*fp8e4nv", "sw_ptr": "*fp32", "b_ptr": "*bf16",
+                     "out_ptr": "*bf16", "m": "i32", "n": "i32", "stride_sw": "i32", **sig}, consts))
+    return out
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("TRITON_INTERPRET=1 makes every kernel an interpreted function: run without it", file=sys.stderr)
+        return 2
+    failed = 0
+    for name, kernel, signature, constexprs in cases():
+        try:
+            triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=TARGET,
+                           options={"num_warps": 4})
+            print(f"ok      {name}")
+        except Exception as e:  # every failure is reported, then counted
+            failed += 1
+            print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
