@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from governor.kernels.elementwise import INTERPRET, triton_usable
-from governor.kernels.packed_gemm import rows_tile, store_rows
+from governor.kernels.packed_gemm import program_tile, rows_tile, store_rows
 
 _BLOCK_M, _BLOCK_N, _BLOCK_K_MAX = 16, 64, 128
 
@@ -59,9 +59,7 @@ def _fp8_block_gemm_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, b_ptr, out_ptr, m, n, s
                            X_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, WIDEN: tl.constexpr):
     # Program: BLOCK_M rows by BLOCK_N output features; per K step, a dot of the codes scaled by the step's scales.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask, n_mask = rows < m, cols < n
+    rows, cols, row_mask, n_mask = program_tile(m, n, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)

@@ -36,6 +36,14 @@ def packed_gemm_usable(x: torch.Tensor, qweight: torch.Tensor) -> bool:
 
 
 @triton.jit
+def program_tile(m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # (rows, cols, row mask, col mask) of this program's [BLOCK_M, BLOCK_N] output tile, programs over (M, N).
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, cols, rows < m, cols < n
+
+
+@triton.jit
 def rows_tile(x_ptr, rows, ks, K: tl.constexpr, row_mask, k_mask):
     # x's [BLOCK_M, BLOCK_K] tile of a contiguous [M, K] x, as stored (zero outside the masks).
     return tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :],
@@ -59,9 +67,7 @@ def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, 
     # Program: BLOCK_M rows by BLOCK_N output features; per K step, the weight tile dequantized in registers (each
     # input feature's group from g_idx for GPTQ, i // GROUP for AWQ) and rounded to x's dtype, then one dot.
     dtype = out_ptr.dtype.element_ty
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask, n_mask = rows < m, cols < n
+    rows, cols, row_mask, n_mask = program_tile(m, n, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
