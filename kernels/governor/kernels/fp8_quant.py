@@ -41,7 +41,10 @@ def fp8_quantize_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
     g = group or k
     groups = -(-k // g)
     xf = F.pad(x.float(), (0, groups * g - k)).reshape(rows, groups, g)
-    scales = (xf.abs().amax(-1) / E4M3_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    amax = xf.abs().amax(-1)
+    # Divided by a tensor on x's device, not by a Python number: CUDA's division by a CPU scalar multiplies by its
+    # reciprocal, which is one float32 step off IEEE division for some amax.
+    scales = (amax / amax.new_full((), E4M3_MAX)).clamp(min=torch.finfo(torch.float32).tiny)
     codes = (xf / scales[..., None]).to(FP8_DTYPE).reshape(rows, groups * g)[:, :k]
     return codes.contiguous(), scales
 
@@ -113,9 +116,11 @@ def _launch(x: torch.Tensor, group: int, out: torch.Tensor) -> torch.Tensor:
     groups = -(-k // g)
     scales = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows:
+        # A group of thousands of features is one program's serial loop: 16 warps took a one-row quantization of
+        # 4,096 features from 3.6 to 2.1 us on an H200, of 14,336 from 10.3 to 4.0 (scripts/quantized-gemv-sweep.py).
         _fp8_quantize_kernel[(rows, groups)](x, out, scales, x.stride(0), K=k, G=g, GROUPS=groups,
                                              BLOCK=min(triton.next_power_of_2(g), _BLOCK_MAX),
-                                             VALUES=out.dtype != torch.uint8)
+                                             VALUES=out.dtype != torch.uint8, num_warps=16 if g >= 2048 else 4)
     return scales
 
 
