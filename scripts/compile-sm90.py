@@ -21,6 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from governor.kernels import fp8_gemm, fp8_quant, gemv, packed_gemm
+from governor.kernels.launch_policy import LaunchPolicy
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -54,6 +55,16 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         out.append((f"packed_gemv gptq={gptq} bits={bits} grouped={grouped}", gemv._packed_gemv_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
                      "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
+    for gptq, bits, splits, bias in ((False, 4, 16, False), (True, 4, 16, True), (True, 8, 1, False)):
+        step, chunk = gemv.packed_split_shape(4096, 128, bits, gptq) or (0, 0)
+        sig, consts = constexprs("K GROUP BITS GPTQ BLOCK_N BLOCK_K CHUNK SPLITS SPLITS_P2 HAS_BIAS PDL", K=4096,
+                                 GROUP=128, BITS=bits, GPTQ=gptq, BLOCK_N=LaunchPolicy().packed_split_block_n,
+                                 BLOCK_K=step,
+                                 CHUNK=4096 // splits if splits == 1 else chunk, SPLITS=splits, SPLITS_P2=splits,
+                                 HAS_BIAS=bias, PDL=True)
+        out.append((f"packed_split gptq={gptq} bits={bits} splits={splits}", gemv._packed_split_kernel,
+                    {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*bf16",
+                     "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
     for x, gptq, bits, ieee in (("*bf16", False, 4, False), ("*bf16", True, 4, False), ("*fp16", True, 8, False),
                                 ("*fp32", True, 4, True)):
         sig, consts = constexprs("K GROUP BITS GPTQ BLOCK_M BLOCK_N BLOCK_K HAS_BIAS IEEE", K=4096, GROUP=128,

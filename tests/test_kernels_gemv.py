@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 
+import governor.kernels.gemv as gemv_module
 from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
@@ -29,6 +30,7 @@ from governor.kernels.gemv import (
     gptq_gemv,
     gptq_gemv_ref,
     packed_k_step,
+    packed_split_shape,
 )
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from tests import test_quantized_weights as qw
@@ -39,8 +41,9 @@ POLICY = policy_for(DEVICE)  # what gemv launches with when given no policy
 
 
 def _tiles(block_n: int, block_k: int, num_warps: int) -> LaunchPolicy:
-    """The device's policy with another gemv launch shape."""
-    return dataclasses.replace(POLICY, gemv=GemvConfig(block_n=block_n, block_k=block_k, num_warps=num_warps))
+    """The device's policy with another one-row launch shape (16-bit and fp8)."""
+    tile = GemvConfig(block_n=block_n, block_k=block_k, num_warps=num_warps)
+    return dataclasses.replace(POLICY, gemv=tile, fp8_gemv=tile)
 
 
 def _assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
@@ -335,6 +338,39 @@ def test_gptq_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None
         gptq_gemv(x, qweight, zeros, scales, g_idx[:32], 4)
     with pytest.raises(ValueError, match="x has 64 columns and qweight holds 32 input features"):
         gptq_gemv(x, qweight[:4], zeros, scales, g_idx, 4)
+
+
+@needs_triton
+@pytest.mark.parametrize("method,bits", [("awq", 4), ("gptq", 4), ("gptq", 8)])
+def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str, bits: int) -> None:
+    """The split kernel over several K chunks and two column blocks (one ragged), with a bias: the product of the
+    dequantized weight, bit for bit the same on a second call (the partials are added in one order, whichever split
+    ends last), and every counter back at zero after each call."""
+    n, k, group = 320, 1024, 128
+    step, chunk = packed_split_shape(k, group, bits, method == "gptq") or (0, 0)
+    assert k // chunk == 4 and step < chunk  # four splits of two or more K steps each
+    w = seeded_randn(n, k, dtype=torch.float32, seed=30, scale=0.1)
+    g_idx = torch.arange(k) // group
+    if method == "awq":
+        q, z, s = qw.quantize(w, qw.Scheme("awq", 4, group), g_idx)
+        packed = {"qweight": qw.pack_awq(q), "qzeros": qw.pack_awq(z), "scales": s}
+        weight = qw.dequantize(qw.unpack_awq(packed["qweight"]), qw.unpack_awq(packed["qzeros"]), s, g_idx)
+    else:
+        packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group), torch.arange(k))
+    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=31)
+    bias = seeded_randn(n, dtype=torch.bfloat16, seed=32)
+    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales")]
+
+    def run() -> torch.Tensor:
+        if method == "awq":
+            return awq_gemv(x, *args, group, bias)
+        return gptq_gemv(x, *args, packed["g_idx"].to(DEVICE), bits, bias, group_size=group)
+
+    first = run()
+    counters = gemv_module._SPLIT_COUNTERS[first.device]
+    assert not counters.any()
+    _assert_sum_order_close(first, x, weight.to(DEVICE), bias, False)
+    assert torch.equal(run(), first) and not counters.any()
 
 
 @pytest.mark.gpu

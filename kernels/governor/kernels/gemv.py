@@ -103,10 +103,12 @@ def _one_row_output(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: in
 def _one_row_launch(name: str, x: torch.Tensor, bias: torch.Tensor | None, n: int, k: int,
                     policy: LaunchPolicy | None, dtype: torch.dtype | None = None
                     ) -> tuple[GemvConfig, int, bool, torch.Tensor]:
-    """`_one_row_output`, and the policy's `gemv` tile and its K step over K (`block_k_for`)."""
+    """`_one_row_output`, and the policy's tile (`fp8_gemv` for fp8_gemv, else `gemv`) and its K step over K
+    (`block_k_for`)."""
     policy = policy or policy_for(x.device)
     pdl, out = _one_row_output(name, x, bias, n, policy, dtype)
-    return policy.gemv, block_k_for(policy.gemv.block_k, k), pdl, out
+    config = policy.fp8_gemv if name == "fp8_gemv" else policy.gemv
+    return config, block_k_for(config.block_k, k), pdl, out
 
 
 def block_k_for(block_k: int, k: int) -> int:
@@ -244,7 +246,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, block: tuple
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """`fp8_gemv_ref` in one Triton kernel for x [1, K], an e4m3 w [N, K] and its float32 block scales; returns
     [1, N] in `out_dtype` (None: x's; W8A8 passes its rounded x in float32 and asks for the model's dtype). The launch
-    takes the policy's `gemv` tile and warps (None: the device's)."""
+    takes the policy's `fp8_gemv` tile and warps (None: the device's)."""
     if not fp8_gemv_usable(x, w):
         raise ValueError(f"fp8_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous float8_e4m3fn "
                          f"w [N, K]; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
@@ -373,8 +375,8 @@ def _packed_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, 
     tl.store(out_ptr + cols, round_to(out, dtype).to(dtype), mask=n_mask)
 
 
-PACKED_BLOCK_N = 32  # output features a program takes (AWQ: 4 packs of 8): 128 programs for 4,096 features
-PACKED_BLOCK_K = 128  # input features a K step takes, at most
+PACKED_BLOCK_N = 32  # the general kernel: output features a program takes (AWQ: 4 packs of 8)
+PACKED_BLOCK_K = 128  # the general kernel: input features a K step takes, at most
 
 
 def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
@@ -390,11 +392,141 @@ def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
     return PACKED_BLOCK_K, False
 
 
+# --- The grouped products, split along K ----------------------------------------------------------------------------
+# Where every K step lies in one group, `_packed_split_kernel` runs the product instead: each program takes BLOCK_N
+# output features over one CHUNK of the input features (split-K), loads each int32 once and unpacks its codes in
+# registers. A program over all of K, as `_gemv_kernel` runs, serializes too much per program for int4's few bytes:
+# on an H200 the qkv product took 44-355 us that way, 9-15 us split (scripts/quantized-gemv-sweep.py). Each split
+# writes its partial sums to a float32 workspace [SPLITS, N]; the last split of a column block to arrive (a counter
+# per block, atomic) adds the partials in one fixed order and writes the output, so results do not depend on which
+# split finished first, and resets the counter to zero for the next launch.
+#
+# A code becomes a float32 without a conversion instruction: (code | 0x4B000000) is the float 2^23 + code, and
+# subtracting 2^23 + z gives code - z exactly; each step adds s * sum((q - z) * x) over its group.
+
+
+@triton.jit
+def _split_k_finish(partial, ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, n, SPLITS: tl.constexpr,
+                    SPLITS_P2: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # The split-K epilogue (see above) for one program's BLOCK partial sums at output offsets offs.
+    dtype = out_ptr.dtype.element_ty
+    if SPLITS == 1:
+        total = partial
+    else:
+        tl.store(ws_ptr + tl.program_id(1) * n + offs, partial, mask=mask)
+        tl.debug_barrier()  # every thread's partials are written before the counter moves (release, below)
+        arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel")
+        total = tl.zeros(partial.shape, tl.float32)
+        if arrived == SPLITS - 1:  # the last split: every partial is in the workspace
+            splits = tl.arange(0, SPLITS_P2)
+            parts = tl.load(ws_ptr + splits[:, None] * n + offs[None, :],
+                            mask=(splits < SPLITS)[:, None] & mask[None, :], other=0.0, cache_modifier=".cg")
+            total = tl.sum(parts, axis=0)
+            tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
+    if HAS_BIAS:
+        total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if SPLITS == 1:
+        tl.store(out_ptr + offs, round_to(total, dtype).to(dtype), mask=mask)
+    else:
+        tl.store(out_ptr + offs, round_to(total, dtype).to(dtype), mask=mask & (arrived == SPLITS - 1))
+
+
+@triton.jit
+def _packed_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_ptr, out_ptr, n, K: tl.constexpr,
+                         GROUP: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    # Program (i, j): output features i * BLOCK_N.., input features j * CHUNK.. in K steps of BLOCK_K, each in one
+    # group. AWQ (GPTQ False): a step's words are [BLOCK_K, BLOCK_N / 8], nibble c of a word holding output feature
+    # 8p + (c % 4) * 2 + c // 4. GPTQ: [BLOCK_K / PER, BLOCK_N], code i of a word holding input feature PER * r + i.
+    PER: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    k_first = tl.program_id(1) * CHUNK
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # before any read: the workspace counters are shared with the kernel before
+    if GPTQ:
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = cols < n
+        rr = tl.arange(0, BLOCK_K // PER)
+        out = tl.zeros([BLOCK_N], tl.float32)
+        for k_step in range(0, CHUNK, BLOCK_K):
+            k0 = k_first + k_step
+            rows = k0 // PER + rr
+            words = tl.load(qw_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], mask=n_mask[None, :], other=0)
+            group = k0 // GROUP
+            z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, True).to(tl.float32) + 8388608.0
+            s = tl.load(s_ptr + group * n + cols, mask=n_mask, other=0.0).to(tl.float32)
+            acc = tl.zeros([BLOCK_K // PER, BLOCK_N], tl.float32)
+            for i in tl.static_range(PER):
+                q = (((words >> (i * BITS)) & MASK) | 0x4B000000).to(tl.float32, bitcast=True)
+                x = tl.load(x_ptr + rows * PER + i).to(tl.float32)
+                acc += (q - z[None, :]) * x[:, None]
+            out += s * tl.sum(acc, axis=0)
+    else:
+        packs_n = n // 8
+        packs = tl.program_id(0) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
+        c = tl.arange(0, 8)
+        cols2 = packs[:, None] * 8 + ((c % 4) * 2 + c // 4)[None, :]  # [BLOCK_N / 8, 8]
+        mask2 = (packs < packs_n)[:, None] & (c < 8)[None, :]
+        kk = tl.arange(0, BLOCK_K)
+        out2 = tl.zeros([BLOCK_N // 8, 8], tl.float32)
+        for k_step in range(0, CHUNK, BLOCK_K):
+            k0 = k_first + k_step
+            words = tl.load(qw_ptr + (k0 + kk).to(tl.int64)[:, None] * packs_n + packs[None, :],
+                            mask=(packs < packs_n)[None, :], other=0)
+            q = (((words[:, :, None] >> (c * 4)[None, None, :]) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True)
+            group = k0 // GROUP
+            zw = tl.load(qz_ptr + group * packs_n + packs, mask=packs < packs_n, other=0)
+            z = ((zw[:, None] >> (c * 4)[None, :]) & 0xF).to(tl.float32) + 8388608.0
+            s = tl.load(s_ptr + group * n + cols2, mask=mask2, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + k0 + kk).to(tl.float32)
+            out2 += s * tl.sum((q - z[None, :, :]) * x[:, None, None], axis=0)
+        out = tl.reshape(out2, [BLOCK_N])
+        cols = tl.reshape(cols2, [BLOCK_N])
+        n_mask = tl.reshape(mask2, [BLOCK_N])
+    _split_k_finish(out, ws_ptr, cnt_ptr, out_ptr, b_ptr, cols, n_mask, n, SPLITS, SPLITS_P2, HAS_BIAS)
+
+
+_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk: int = 256
+                       ) -> tuple[int, int] | None:
+    """(K step, chunk) of the split kernel over K inputs in groups of `group_size` consecutive features, or None
+    where it does not apply: the step is the largest power of two up to 16 words a column (GPTQ; 64 for AWQ, whose
+    step unpacks [step, 32, 8] codes) that divides the group and holds whole words, the chunk the largest multiple of
+    it up to `max_chunk` (the policy's `packed_split_chunk`) that divides K."""
+    per = 32 // bits
+    if group_size <= 0 or k % group_size:
+        return None
+    step = 16 * per if gptq else 64  # GPTQ: 16 packed rows a step
+    while step >= 8 and group_size % step:
+        step //= 2
+    if step < 8 or step % per:
+        return None
+    chunk = step
+    while chunk * 2 <= max_chunk and k % (chunk * 2) == 0:
+        chunk *= 2
+    return step, chunk
+
+
+def _split_counters(device: torch.device, blocks: int) -> torch.Tensor:
+    """The split kernel's counters on `device`, zero between launches (each launch's last splits reset theirs); one
+    buffer serves every launch, since launches on a stream run one after another (under PDL too: a launch waits for
+    the one before it to end before it touches them)."""
+    have = _SPLIT_COUNTERS.get(device)
+    if have is None or have.numel() < blocks:
+        have = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=device)
+        _SPLIT_COUNTERS[device] = have
+    return have
+
+
 def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
              bias: torch.Tensor | None = None, *, policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`awq_gemv_ref` in one Triton kernel for x [1, K] and AWQ's packed int4 tensors; returns [1, N] in x's dtype.
-    Its tile (PACKED_BLOCK_N x the K step of `packed_k_step`, 4 warps) is a first choice, not yet measured on a GPU;
-    `policy` only decides PDL (None: the device's)."""
+    Groups whose size a power-of-two K step of 8 or more divides take the split kernel (`packed_split_shape`; the
+    policy's `packed_split*` fields, None: the device's), others the general one (`packed_k_step`)."""
     if not packed_gemv_usable(x, qweight):
         raise ValueError(f"awq_gemv: needs a contiguous x [1, K] on a Triton device and a contiguous int32 qweight "
                          f"[K, N/8]; got x {tuple(x.shape)} {x.dtype}, qweight {tuple(qweight.shape)} {qweight.dtype}")
@@ -413,9 +545,26 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
 def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    g_idx: torch.Tensor | None, bias: torch.Tensor | None, n: int, k: int, group_size: int, bits: int,
                    in_order: bool, policy: LaunchPolicy | None) -> torch.Tensor:
-    """A checked AWQ (`g_idx` None) or GPTQ product's launch of `_packed_gemv_kernel` (`_one_row_output` with
-    `policy`, None: the device's); its tile is the fixed PACKED_BLOCK_N by `packed_k_step`."""
-    pdl, out = _one_row_output(name, x, bias, n, policy or policy_for(x.device))
+    """A checked AWQ (`g_idx` None) or GPTQ product's launch (`_one_row_output` with `policy`, None: the device's):
+    `_packed_split_kernel` where the groups are in order and `packed_split_shape` gives a step, else
+    `_packed_gemv_kernel` with the fixed PACKED_BLOCK_N by `packed_k_step`."""
+    policy = policy or policy_for(x.device)
+    pdl, out = _one_row_output(name, x, bias, n, policy)
+    split = packed_split_shape(k, group_size, bits, g_idx is not None, policy.packed_split_chunk) \
+        if in_order and policy.packed_split else None
+    if split is not None:
+        step, chunk = split
+        splits = k // chunk
+        block_n = policy.packed_split_block_n
+        blocks = triton.cdiv(n, block_n)
+        ws = torch.empty(splits if splits > 1 else 0, n, dtype=torch.float32, device=x.device)
+        _packed_split_kernel[(blocks, splits)](
+            x, qweight, qzeros, scales, out if bias is None else bias, ws, _split_counters(x.device, blocks), out, n,
+            K=k, GROUP=group_size, BITS=bits, GPTQ=g_idx is not None, BLOCK_N=block_n, BLOCK_K=step,
+            CHUNK=chunk, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HAS_BIAS=bias is not None, PDL=pdl,
+            num_warps=4, **pdl_launch(pdl),
+        )  # fmt: skip
+        return out
     block_k, grouped = packed_k_step(k, group_size, in_order)
     _packed_gemv_kernel[(triton.cdiv(n, PACKED_BLOCK_N),)](
         x, qweight, qzeros, scales, qweight if g_idx is None else g_idx, out if bias is None else bias, out, n, K=k,
@@ -450,8 +599,8 @@ def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
               policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`gptq_gemv_ref` in one Triton kernel for x [1, K] and GPTQ's packed 4- or 8-bit tensors (act-order included:
     each input feature's group is read from g_idx); returns [1, N] in x's dtype. `group_size`: the caller knows that
-    g_idx is i // group_size (no act order), which takes the grouped steps (above). Its tile (AWQ's, 4 warps) is a
-    first choice, not yet measured on a GPU; `policy` only decides PDL (None: the device's)."""
+    g_idx is i // group_size (no act order), which takes the split kernel where `packed_split_shape` allows (as
+    `awq_gemv`); act order takes the general kernel, which gathers each code's zero point and scale."""
     if bits not in (4, 8):
         raise ValueError(f"gptq_gemv: bits must be 4 or 8, got {bits}")
     if not packed_gemv_usable(x, qweight):
