@@ -501,8 +501,25 @@ def test_quantized_linears_are_packed_and_lm_head_stays_dense(quantized) -> None
     for w in (attn.qkv_weight, attn.o_weight, mlp.gate_up_weight, mlp.down_weight):
         assert isinstance(w, QuantizedLinear)
     assert isinstance(attn.qkv_weight, QuantizedLinear) and attn.qkv_weight.out_parts == (64, 32, 32)
-    assert attn.qkv_weight.qweight.shape == (64, 128 // 8)
+    assert attn.qkv_weight.qweight.shape == (64 // 8, 128)  # AWQ's codes repacked along the input features
     assert isinstance(model.lm_head, torch.Tensor) and model.lm_head.dtype == torch.float32
+
+
+def test_awq_codes_are_repacked_along_the_input_features_with_the_weight_unchanged(quantized) -> None:
+    """After load, an AWQ layer holds its codes packed along the inputs (GPTQ's layout, which the one-row kernels read
+    fastest) and its zero points in column order as stored; the weight they stand for is the checkpoint's, as this
+    test's own AWQ unpacking reads it from the file."""
+    packed, _ = quantized("llama", AWQ)
+    layer = LLM(str(packed), dtype="float32").engine.model.decoder_layers[0].mlp.down_weight
+    stored = load_file(packed / "model.safetensors")
+    qweight, qzeros, scales = (stored[f"model.layers.0.mlp.down_proj.{n}"] for n in ("qweight", "qzeros", "scales"))
+    k = qweight.shape[0]
+    g_idx = torch.arange(k) // AWQ.group_size
+    want = dequantize(unpack_awq(qweight), unpack_awq(qzeros), scales, g_idx)
+    assert layer.codes_along_k and layer.qweight.shape == (k // 8, qweight.shape[1] * 8)
+    assert torch.equal(layer.dequantize().cpu(), want)
+    with pytest.raises(RuntimeError, match="repacked already"):
+        layer.load(0, "qweight", qweight, "down_proj.qweight")
 
 
 def test_prefix_caching_and_ngram_speculation_keep_greedy_tokens(quantized) -> None:
@@ -552,11 +569,12 @@ def test_triton_backend_runs_quantized_layers_on_the_reference_path(quantized, h
 @pytest.mark.parametrize("case", ["qwen3-32x64", "awq-qwen2", "gptq4-asym-act-order", "gptq8-sym"])
 def test_triton_backend_runs_quantized_decode_steps_through_their_gemv(quantized, hf_model, monkeypatch,
                                                                       case: str) -> None:
-    """One-row steps of an fp8, AWQ or GPTQ model on the fused path stream the packed weight through `fp8_gemv`,
-    `awq_gemv` or `gptq_gemv` (interpreted on CPU), with transformers' tokens on the dequantized weights."""
+    """One-row steps of an fp8, AWQ or GPTQ model on the fused path stream the packed weight through `fp8_gemv` or
+    `gptq_gemv` (AWQ's codes are repacked into GPTQ's layout at load; interpreted on CPU), with transformers' tokens
+    on the dequantized weights."""
     import governor.engine.models.quantization as quantization
 
-    kernel = next((f"{m}_gemv" for m in ("awq", "gptq") if case.startswith(m)), "fp8_gemv")
+    kernel = "gptq_gemv" if case.startswith(("awq", "gptq")) else "fp8_gemv"
     calls = count_calls(monkeypatch, quantization, kernel)
     arch, scheme = {**FP8_CASES, **CT_CASES, **GPTQ_CASES, "awq-qwen2": ("qwen2", AWQ)}[case]
     packed, oracle = quantized(arch, scheme)

@@ -316,19 +316,22 @@ def packed_codes(qw_ptr, ks, cols, n, K: tl.constexpr, BITS: tl.constexpr, GPTQ:
 
 
 @triton.jit
-def packed_zeros(qz_ptr, groups, cols, n, mask, BITS: tl.constexpr, GPTQ: tl.constexpr):
+def packed_zeros(qz_ptr, groups, cols, n, mask, BITS: tl.constexpr, GPTQ: tl.constexpr, ZERO_OFFSET: tl.constexpr):
     # The zero points of output features cols in groups `groups` (any shapes that broadcast together), int32.
-    if GPTQ:  # packed along the output features, stored one less than the zero point
+    # GPTQ: packed along the output features in column order, each stored ZERO_OFFSET less than the zero point (1 in
+    # GPTQ's checkpoint format v1; 0 for AWQ's zero points repacked at load, models/quantization.py).
+    if GPTQ:
         per: tl.constexpr = 32 // BITS
         words = tl.load(qz_ptr + groups * (n // per) + cols // per, mask=mask, other=0)
-        return ((words >> ((cols % per) * BITS)) & ((1 << BITS) - 1)) + 1
+        return ((words >> ((cols % per) * BITS)) & ((1 << BITS) - 1)) + ZERO_OFFSET
     words = tl.load(qz_ptr + groups * (n // 8) + cols // 8, mask=mask, other=0)
     return (words >> (((cols % 8) // 2 + (cols % 2) * 4) * 4)) & 0xF
 
 
 @triton.jit
 def _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K: tl.constexpr, GROUP: tl.constexpr,
-                 BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, dtype: tl.constexpr):
+                 BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+                 dtype: tl.constexpr):
     # The contribution of the K step at k0 (input features ks, codes q from `packed_codes`) to the program's
     # BLOCK_N outputs, in fp32.
     x = _x_tile(x_ptr, ks, K, False, dtype)
@@ -336,7 +339,7 @@ def _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K: tl.constexp
     n_mask = cols < n
     if GROUPED:  # the step lies in one group: its zero points and scales apply to the step's sums
         group = k0 // GROUP
-        z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, GPTQ).to(tl.float32)
+        z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, GPTQ, ZERO_OFFSET).to(tl.float32)
         s = tl.load(s_ptr + group * n + cols, mask=n_mask, other=0.0).to(tl.float32)
         return s * (tl.sum(q * x[:, None], axis=0) - z * tl.sum(x, axis=0))
     mask = (ks < K)[:, None] & n_mask[None, :]
@@ -344,15 +347,15 @@ def _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K: tl.constexp
         groups = tl.load(g_ptr + ks, mask=ks < K, other=0).to(tl.int64)[:, None]
     else:
         groups = (ks // GROUP).to(tl.int64)[:, None]
-    z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ).to(tl.float32)
+    z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ, ZERO_OFFSET).to(tl.float32)
     s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     return tl.sum((q - z) * s * x[:, None], axis=0)
 
 
 @triton.jit
 def _packed_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, K: tl.constexpr, GROUP: tl.constexpr,
-                        BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                        BITS: tl.constexpr, GPTQ: tl.constexpr, GROUPED: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     # One-row GEMV over AWQ's (GPTQ False) or GPTQ's packed integer weights. Program: BLOCK_N output features, a sum
     # per K step (GROUPED: zero points and scales applied to it; see above). The first step's codes are read before
     # waiting for the kernel before (PDL), as `_gemv_kernel` reads its first weight tile.
@@ -364,11 +367,13 @@ def _packed_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, n, 
     q = packed_codes(qw_ptr, kk, cols, n, K, BITS, GPTQ)
     if PDL:
         gdc_wait()
-    out = _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, 0, kk, cols, n, K, GROUP, BITS, GPTQ, GROUPED, dtype)
+    out = _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, 0, kk, cols, n, K, GROUP, BITS, GPTQ, GROUPED, ZERO_OFFSET,
+                       dtype)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + kk
         q = packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ)
-        out += _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K, GROUP, BITS, GPTQ, GROUPED, dtype)
+        out += _packed_step(x_ptr, q, qz_ptr, s_ptr, g_ptr, k0, ks, cols, n, K, GROUP, BITS, GPTQ, GROUPED,
+                            ZERO_OFFSET, dtype)
     n_mask = cols < n
     if HAS_BIAS:
         out += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)
@@ -396,7 +401,8 @@ def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
 # Where every K step lies in one group, `_packed_split_kernel` runs the product instead: each program takes BLOCK_N
 # output features over one CHUNK of the input features (split-K), loads each int32 once and unpacks its codes in
 # registers. A program over all of K, as `_gemv_kernel` runs, serializes too much per program for int4's few bytes:
-# on an H200 the qkv product took 44-355 us that way, 9-15 us split (scripts/quantized-gemv-sweep.py). Each split
+# on an H200 llama3-8b's qkv product took 41 us that way in GPTQ's layout and 355 in AWQ's, 15 and 18 split
+# (scripts/quantized-gemv-sweep.py, docs/design/gemv.md). Each split
 # writes its partial sums to a float32 workspace [SPLITS, N]; the last split of a column block to arrive (a counter
 # per block, atomic) adds the partials in one fixed order and writes the output, so results do not depend on which
 # split finished first, and resets the counter to zero for the next launch.
@@ -435,7 +441,7 @@ def _split_k_finish(partial, ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, n, SPL
 def _packed_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_ptr, out_ptr, n, K: tl.constexpr,
                          GROUP: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+                         ZERO_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
     # Program (i, j): output features i * BLOCK_N.., input features j * CHUNK.. in K steps of BLOCK_K, each in one
     # group. AWQ (GPTQ False): a step's words are [BLOCK_K, BLOCK_N / 8], nibble c of a word holding output feature
     # 8p + (c % 4) * 2 + c // 4. GPTQ: [BLOCK_K / PER, BLOCK_N], code i of a word holding input feature PER * r + i.
@@ -455,7 +461,7 @@ def _packed_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_ptr, o
             rows = k0 // PER + rr
             words = tl.load(qw_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], mask=n_mask[None, :], other=0)
             group = k0 // GROUP
-            z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, True).to(tl.float32) + 8388608.0
+            z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, True, ZERO_OFFSET).to(tl.float32) + 8388608.0
             s = tl.load(s_ptr + group * n + cols, mask=n_mask, other=0.0).to(tl.float32)
             acc = tl.zeros([BLOCK_K // PER, BLOCK_N], tl.float32)
             for i in tl.static_range(PER):
@@ -544,7 +550,7 @@ def awq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scale
 
 def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                    g_idx: torch.Tensor | None, bias: torch.Tensor | None, n: int, k: int, group_size: int, bits: int,
-                   in_order: bool, policy: LaunchPolicy | None) -> torch.Tensor:
+                   in_order: bool, policy: LaunchPolicy | None, zero_offset: int = 1) -> torch.Tensor:
     """A checked AWQ (`g_idx` None) or GPTQ product's launch (`_one_row_output` with `policy`, None: the device's):
     `_packed_split_kernel` where the groups are in order and `packed_split_shape` gives a step, else
     `_packed_gemv_kernel` with the fixed PACKED_BLOCK_N by `packed_k_step`."""
@@ -561,14 +567,15 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
         _packed_split_kernel[(blocks, splits)](
             x, qweight, qzeros, scales, out if bias is None else bias, ws, _split_counters(x.device, blocks), out, n,
             K=k, GROUP=group_size, BITS=bits, GPTQ=g_idx is not None, BLOCK_N=block_n, BLOCK_K=step,
-            CHUNK=chunk, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), HAS_BIAS=bias is not None, PDL=pdl,
-            num_warps=4, **pdl_launch(pdl),
+            CHUNK=chunk, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), ZERO_OFFSET=zero_offset,
+            HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
         )  # fmt: skip
         return out
     block_k, grouped = packed_k_step(k, group_size, in_order)
     _packed_gemv_kernel[(triton.cdiv(n, PACKED_BLOCK_N),)](
         x, qweight, qzeros, scales, qweight if g_idx is None else g_idx, out if bias is None else bias, out, n, K=k,
-        GROUP=max(group_size, 1), BITS=bits, GPTQ=g_idx is not None, GROUPED=grouped, BLOCK_N=PACKED_BLOCK_N,
+        GROUP=max(group_size, 1), BITS=bits, GPTQ=g_idx is not None, GROUPED=grouped, ZERO_OFFSET=zero_offset,
+        BLOCK_N=PACKED_BLOCK_N,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
     )  # fmt: skip
     return out
@@ -582,13 +589,14 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
 
 
 def gptq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                  g_idx: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+                  g_idx: torch.Tensor, bits: int, bias: torch.Tensor | None = None, *, zeros_minus_one: bool = True
+                  ) -> torch.Tensor:
     """What `gptq_gemv` computes, in PyTorch: x times the weight unpacked and dequantized in fp32, plus bias, rounded
     once to x's dtype."""
     per, mask = 32 // bits, (1 << bits) - 1
     shifts = bits * torch.arange(per, device=qweight.device)
     q = ((qweight.unsqueeze(1) >> shifts.view(1, per, 1)) & mask).reshape(-1, qweight.shape[1])  # [K, N]
-    z = ((qzeros.unsqueeze(2) >> shifts.view(1, 1, per)) & mask).reshape(qzeros.shape[0], -1) + 1  # [G, N]
+    z = ((qzeros.unsqueeze(2) >> shifts.view(1, 1, per)) & mask).reshape(qzeros.shape[0], -1) + int(zeros_minus_one)
     g = g_idx.long()
     w = (q - z[g]).float() * scales.float()[g]  # [K, N]
     return F.linear(x.float(), w.t(), None if bias is None else bias.float()).to(x.dtype)
@@ -596,11 +604,13 @@ def gptq_gemv_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, 
 
 def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
               bits: int, bias: torch.Tensor | None = None, *, group_size: int | None = None,
-              policy: LaunchPolicy | None = None) -> torch.Tensor:
+              policy: LaunchPolicy | None = None, zeros_minus_one: bool = True) -> torch.Tensor:
     """`gptq_gemv_ref` in one Triton kernel for x [1, K] and GPTQ's packed 4- or 8-bit tensors (act-order included:
     each input feature's group is read from g_idx); returns [1, N] in x's dtype. `group_size`: the caller knows that
     g_idx is i // group_size (no act order), which takes the split kernel where `packed_split_shape` allows (as
-    `awq_gemv`); act order takes the general kernel, which gathers each code's zero point and scale."""
+    `awq_gemv`); act order takes the general kernel, which gathers each code's zero point and scale.
+    `zeros_minus_one`: qzeros holds each zero point less one (GPTQ's checkpoint format v1), else the zero points
+    themselves (AWQ's, repacked at load)."""
     if bits not in (4, 8):
         raise ValueError(f"gptq_gemv: bits must be 4 or 8, got {bits}")
     if not packed_gemv_usable(x, qweight):
@@ -621,4 +631,4 @@ def gptq_gemv(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scal
         raise ValueError(f"gptq_gemv: group_size {group_size} must split the {k} input features into the scales' "
                          f"{groups} groups")
     return _packed_launch("gptq_gemv", x, qweight, qzeros, scales, g_idx, bias, n, k, group_size or 0, bits,
-                          group_size is not None, policy)
+                          group_size is not None, policy, int(zeros_minus_one))

@@ -102,11 +102,13 @@ class LaunchPolicy:
     # per llama3-8b layer 66.1 us against 70.3 with the 16-bit tile (down alone: 20.3 against 17.9 us with 4 rows).
     fp8_gemv: GemvConfig = GemvConfig(block_n=8, block_k=4096, num_warps=4)  # noqa: RUF009
     # Whether AWQ's and GPTQ's grouped one-row products split K (`gemv._packed_split_kernel`): on an H200 a llama3-8b
-    # layer took 75.7 us split (GPTQ) against 301 unsplit, 102.7 (AWQ) against 2,354.
+    # layer (qkv + o + gate_up + down, int4 in groups of 128) took 91.0 us split against 290.8 unsplit in GPTQ's
+    # layout (which AWQ is repacked into at load), 131.3 against 2,328 in AWQ's own (docs/design/gemv.md).
     packed_split: bool = True
-    # Output features a split program takes (256: one KB of GPTQ words a packed row; 32 AWQ words a K row).
+    # Output features a split program takes (256: one KB of GPTQ words a packed row; 32 AWQ words a K row): best of
+    # 64, 128 and 256 over the layer in both layouts.
     packed_split_block_n: int = 256
-    # Most input features a split program takes: 256 beat 128 and 512 over the layer.
+    # Most input features a split program takes: 256 was best over the layer, 128 within 0.2 us, 512 6.3 us slower.
     packed_split_chunk: int = 256
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.

@@ -62,8 +62,9 @@ def store_rows(out_ptr, acc, b_ptr, rows, cols, n, row_mask, n_mask, HAS_BIAS: t
 
 @triton.jit
 def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, n, K: tl.constexpr,
-                        GROUP: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr):
+                        GROUP: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        IEEE: tl.constexpr):
     # Program: BLOCK_M rows by BLOCK_N output features; per K step, the weight tile dequantized in registers (each
     # input feature's group from g_idx for GPTQ, i // GROUP for AWQ) and rounded to x's dtype, then one dot.
     dtype = out_ptr.dtype.element_ty
@@ -78,7 +79,7 @@ def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, 
         else:
             groups = (ks // GROUP).to(tl.int64)[:, None]
         mask = k_mask[:, None] & n_mask[None, :]
-        z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ)
+        z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ, ZERO_OFFSET)
         s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         w = (packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ) - z).to(tl.float32) * s
         w = round_to(w, dtype).to(dtype)  # the reference path's dense weight, rounded by hand (see round_to)
@@ -90,11 +91,12 @@ def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, 
 
 
 def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                g_idx: torch.Tensor | None, bits: int, group_size: int, bias: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                g_idx: torch.Tensor | None, bits: int, group_size: int, bias: torch.Tensor | None = None, *,
+                zeros_minus_one: bool = True) -> torch.Tensor:
     """x [M, K] times the AWQ (`g_idx` None: groups of `group_size` consecutive inputs, 4 bits) or GPTQ (4 or 8
-    bits, each input's group from g_idx) packed weight, plus bias; [M, N] in x's dtype. The caller has checked the
-    tensors' shapes (`QuantizedLinear`); this checks what the launch relies on."""
+    bits, each input's group from g_idx) packed weight, plus bias; [M, N] in x's dtype. GPTQ's qzeros hold each zero
+    point less one (`zeros_minus_one`, checkpoint format v1) or the zero points (AWQ's, repacked at load). The caller
+    has checked the tensors' shapes (`QuantizedLinear`); this checks what the launch relies on."""
     if not packed_gemm_usable(x, qweight):
         raise ValueError(f"packed_gemm: needs 2 to {PACKED_GEMM_MAX_ROWS} contiguous rows of x on a Triton device and "
                          f"a contiguous int32 qweight; got x {tuple(x.shape)} {x.dtype}, qweight "
@@ -109,7 +111,8 @@ def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sc
     grid = (triton.cdiv(x.shape[0], _BLOCK_M), triton.cdiv(n, _BLOCK_N))
     _packed_gemm_kernel[grid](
         x, qweight, qzeros, scales, g_idx if gptq else qweight, bias if bias is not None else out, out, x.shape[0], n,
-        K=k, GROUP=max(group_size, 1), BITS=bits, GPTQ=gptq, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
+        K=k, GROUP=max(group_size, 1), BITS=bits, GPTQ=gptq, ZERO_OFFSET=int(zeros_minus_one), BLOCK_M=_BLOCK_M,
+        BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
         HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or INTERPRET, num_warps=4,
     )  # fmt: skip
     return out

@@ -364,6 +364,8 @@ class CausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
                              + (" ..." if len(missing) > 8 else ""))
+        for module in packed.values():
+            module.repack()
 
     def _load_packed(self, hf_name: str, m: re.Match[str], tensor: LazyTensor) -> None:
         """One packed tensor (qweight, qzeros, scales, g_idx; fp8: weight, weight_scale_inv) of a quantized linear, into
