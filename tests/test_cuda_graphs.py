@@ -220,6 +220,27 @@ def test_gpu_verification_graphs_give_the_eager_tokens_fp32(hf_checkpoint) -> No
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.usefixtures("_no_tf32")
+def test_gpu_draft_model_graphs_give_the_eager_tokens_fp32(hf_checkpoint, tmp_path) -> None:
+    """A draft model's rounds replay its own decode graphs (fed from the round before on the device) and its
+    catch-ups its graphs of up to K + 1 tokens a sequence; tokens equal eager's, K changed live included."""
+    from tests.conftest import build_hf_checkpoint
+
+    draft = build_hf_checkpoint(tmp_path / "draft", "qwen3", seed=1)
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    graphs, eager = _gpu_pair(hf_checkpoint("qwen3"), dtype="float32", max_num_seqs=8, speculative_config=spec)
+    prompts = mixed_prompts(6, seed=44, hi=24)
+    change = (5, {"num_speculative_tokens": 2})
+    assert run(graphs, prompts, 20, knob_change=change) == run(eager, prompts, 20, knob_change=change)
+    assert graphs.engine.spec is not None and eager.engine.spec is not None
+    draft_graphs = graphs.engine.spec.proposer.runner.graphs  # type: ignore[attr-defined]
+    assert draft_graphs is not None and draft_graphs.num_replays > 0
+    assert eager.engine.spec.proposer.runner.graphs is None  # type: ignore[attr-defined]
+    assert graphs.stats()["spec_accepted_tokens"] > 0
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_gpu_graphs_give_the_eager_tokens_bf16_on_ladder_sizes(tmp_path) -> None:
     """A batch on a captured size runs the same kernels on the same shapes as eager: identical in bf16."""
     from tests.conftest import build_hf_checkpoint

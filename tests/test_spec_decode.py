@@ -80,6 +80,50 @@ def test_a_different_draft_keeps_greedy_output_identical(target: Path, other_dra
     assert spec.engine.spec.proposer.kv.num_used == 0  # type: ignore[union-attr]
 
 
+_HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_draft_model_reads_its_drafts_back_once_a_step_whatever_k(target: Path, other_draft: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    """The draft's rounds feed each round's drafts to the next on the device and sample there (greedy and
+    temperature 1 alike): a step's proposal reads a tensor's value on the host exactly once, for K = 1 as for 4
+    (on a GPU, the one time the host waits for the draft). The Triton backend, as on a GPU: the CPU reference
+    attention reads its metadata on the host."""
+    llm = LLM(str(target), dtype="float32", attention_backend="triton",
+              speculative_config={"method": "draft_model", "model": str(other_draft), "num_speculative_tokens": k})
+    assert llm.engine.spec is not None
+    proposer = llm.engine.spec.proposer
+    reads = {"on": False, "n": 0}
+
+    def counting(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self: torch.Tensor, *args, **kwargs):
+            reads["n"] += reads["on"]
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in _HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    per_step: list[int] = []
+    propose = proposer.propose
+
+    def propose_counted(scheduled):
+        reads.update(on=True, n=0)
+        try:
+            return propose(scheduled)
+        finally:
+            reads["on"] = False
+            per_step.append(reads["n"])
+
+    monkeypatch.setattr(proposer, "propose", propose_counted)
+    params = [SamplingParams(max_tokens=6, temperature=0.0), SamplingParams(max_tokens=6, temperature=1.0, seed=3)]
+    llm.generate(mixed_prompts(2, seed=21), params)
+    assert per_step and set(per_step) == {1}, per_step
+    assert llm.stats()["spec_proposed_tokens"] >= k * len(per_step)
+
+
 def test_a_block_filled_by_accepted_drafts_is_cached_once_its_tokens_are_known(target: Path) -> None:
     """With prefix caching on, accepted drafts count as computed before they join the sequence's tokens;
     the block they fill is hashed at the next settle (hashing it at once raised IndexError)."""

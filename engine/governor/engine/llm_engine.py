@@ -28,6 +28,7 @@ from governor.engine.sampling_params import SamplingParams
 from governor.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from governor.engine.sequence import Sequence, SequenceStatus
 from governor.engine.spec.decoding import SpeculativeDecoding, make_proposer
+from governor.engine.spec.draft_model import DraftModelProposer
 from governor.engine.tokenizer import decoder, load_tokenizer
 
 if TYPE_CHECKING:  # imported when the first structured request comes: the grammar library loads with it
@@ -89,6 +90,8 @@ class LLMEngine:
             proposer = make_proposer(config, mc, self.dtype, self.device, self.num_blocks, self.block_size,
                                      self.max_model_len, backend)
             self.spec = None if proposer is None else SpeculativeDecoding(proposer, self.scheduler, config.spec_cap)
+            if isinstance(proposer, DraftModelProposer) and ex.use_cuda_graphs:
+                proposer.capture_cuda_graphs(config.seqs_cap)
             if self.device.type == "cuda" and backend == "triton":
                 ex.warm_up(self.kv, config.seqs_cap, config.tokens_cap, self.max_model_len)
         except BaseException:

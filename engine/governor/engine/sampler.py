@@ -32,28 +32,41 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Logits scaled by temperature with top-k, top-p and min-p applied (masked to -inf)."""
-    device = logits.device
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
-    x = logits / temps.unsqueeze(1)
-    vocab = x.shape[1]
-    top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
-    if min(top_ks) < vocab:
-        k = torch.tensor(top_ks, device=device).clamp(max=vocab)
-        kth = x.sort(dim=1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
-        x = x.masked_fill(x < kth, float("-inf"))
-    if any(p.top_p < 1.0 for p in params):
-        top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
-        sorted_x, order = x.sort(dim=1, descending=True)
-        probs = sorted_x.softmax(dim=1)
-        # Drop a token when the mass before it already reaches top_p (the top token always stays).
-        drop_sorted = (probs.cumsum(dim=1) - probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
-    if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
-        probs = x.softmax(dim=1)
-        x = x.masked_fill(probs < min_p * probs.max(dim=1, keepdim=True).values, float("-inf"))
-    return x
+    return LogitFilter(params, logits.device, logits.shape[1])(logits)
+
+
+class LogitFilter:
+    """`filtered_logits`'s per-row parameters, copied to the device once: for rows that keep their parameters over
+    several calls (a draft model's rounds), so that each call copies nothing from the host. Applied to logits of
+    the first `rows` of those rows (any prefix)."""
+
+    def __init__(self, params: list[SamplingParams], device: torch.device, vocab: int) -> None:
+        self.temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params],
+                                  device=device).unsqueeze(1)
+        top_ks = [p.top_k if p.top_k > 0 else vocab for p in params]
+        self.top_k = torch.tensor(top_ks, device=device).clamp(max=vocab) if min(top_ks) < vocab else None
+        self.top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1) \
+            if any(p.top_p < 1.0 for p in params) else None
+        self.min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1) \
+            if any(p.min_p > 0.0 for p in params) else None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        n = logits.shape[0]
+        x = logits / self.temps[:n]
+        if self.top_k is not None:
+            kth = x.sort(dim=1, descending=True).values.gather(1, (self.top_k[:n] - 1).unsqueeze(1))
+            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_p is not None:
+            sorted_x, order = x.sort(dim=1, descending=True)
+            probs = sorted_x.softmax(dim=1)
+            # Drop a token when the mass before it already reaches top_p (the top token always stays).
+            drop_sorted = (probs.cumsum(dim=1) - probs) >= self.top_p[:n]
+            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+            x = x.masked_fill(drop, float("-inf"))
+        if self.min_p is not None:
+            probs = x.softmax(dim=1)
+            x = x.masked_fill(probs < self.min_p[:n] * probs.max(dim=1, keepdim=True).values, float("-inf"))
+        return x
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],

@@ -21,7 +21,7 @@ from governor.engine.models.checkpoint import iter_weights
 from governor.engine.models.llama import CausalLM
 from governor.engine.models.model_config import ModelConfig, load_model_config
 from governor.engine.runner import ModelRunner
-from governor.engine.sampler import filtered_logits
+from governor.engine.sampler import LogitFilter
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.sequence import Sequence
 
@@ -38,7 +38,7 @@ class DraftModelProposer:
 
     def __init__(self, model_dir: str, target: ModelConfig, dtype: torch.dtype, device: torch.device,
                  num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int, max_num_tokens: int,
-                 attention_backend: str) -> None:
+                 attention_backend: str, max_spec_tokens: int = 0) -> None:
         self.config = load_model_config(model_dir)
         if self.config.vocab_size != target.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({self.config.vocab_size}) differs from the target's "
@@ -48,9 +48,16 @@ class DraftModelProposer:
         self.model.load_weights(iter_weights(model_dir))
         self.kv = KVManager(num_blocks, block_size)
         self.kv_caches = allocate_kv_cache(self.config, num_blocks, block_size, dtype, device)
+        # Graphs of 1 + max_spec_tokens tokens a sequence serve the catch-up forwards once prompts are in: a
+        # sequence then catches up on the tokens the last step accepted, at most K + 1.
         self.runner = ModelRunner(self.model, self.kv_caches, block_size, max_num_tokens, max_num_seqs,
-                                  max_model_len, device)
+                                  max_model_len, device, max_spec_tokens)
         self.states: dict[str, _DraftState] = {}
+
+    def capture_cuda_graphs(self, max_num_seqs: int) -> None:
+        """Capture the draft's decode graphs (its rounds after the first) and catch-up graphs of up to K + 1
+        tokens a sequence, on the batch-size ladder up to `max_num_seqs`, as the target's runner does."""
+        self.runner.capture_cuda_graphs(max_num_seqs)
 
     def _state(self, seq: Sequence) -> _DraftState:
         st = self.states.get(seq.request_id)
@@ -65,10 +72,14 @@ class DraftModelProposer:
 
         The first forward catches each draft up on the tokens it has not seen, within the runner's token
         budget; a sequence that cannot catch up fully this step advances its draft cache and proposes
-        nothing (it proposes from a later step on)."""
+        nothing (it proposes from a later step on). The later rounds are fed decodes (`ScheduledSeq.fed_from`):
+        each feeds the drafts the round before sampled, on the device, and samples on the device (argmax, or the
+        exponential race `torch.multinomial` runs, with the request's generator, without its host-side check), so
+        the host waits for the device once, for all the drafts, after the last round."""
         results: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in scheduled]
         budget = self.runner.input_ids.shape[0]
-        catch_up, proposing = [], []
+        proposing: list[tuple[int, ScheduledSeq, _DraftState, ScheduledSeq]] = []
+        partial: list[tuple[_DraftState, ScheduledSeq]] = []
         for i, s in enumerate(scheduled):
             st = self._state(s.seq)
             # The draft needs KV for every known token plus k - 1 drafts; without room it proposes nothing.
@@ -77,42 +88,52 @@ class DraftModelProposer:
             st.view.num_computed_tokens = st.known
             n = min(st.view.num_tokens - st.known, budget)
             budget -= n
-            catch_up.append(ScheduledSeq(st.view, n))
             if st.known + n == st.view.num_tokens:
-                proposing.append((i, s, st))
-        q_rows: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in proposing}
-        batch = catch_up
-        rounds = max((s.num_spec for _, s, _ in proposing), default=1 if catch_up else 0)
-        for j in range(rounds):
-            if not batch:
-                break
-            logits = self.runner.execute(SchedulerOutput(batch))  # rows: the proposing entries, in order
-            for item in batch:
-                item.seq.num_computed_tokens += item.num_new_tokens
-            for view in (b.seq for b in batch if b.seq.num_computed_tokens < b.seq.num_tokens):
-                self.states[view.request_id].known = view.num_computed_tokens  # a partial catch-up
-            live = proposing
-            if not live:
-                break  # only partial catch-ups this step
-            params = [s.seq.params for _, s, _ in live]
-            probs = filtered_logits(logits, params).softmax(dim=1)
-            greedy = logits.argmax(dim=1)
-            for row, (i, s, st) in enumerate(live):
-                if s.seq.params.greedy:
-                    token = int(greedy[row])
-                else:
-                    token = int(torch.multinomial(probs[row], 1, generator=s.seq.generator))
-                    q_rows[i].append(probs[row])
-                results[i][0].append(token)
-                st.view.output_token_ids.append(token)
-            proposing = [(i, s, st) for i, s, st in live if s.num_spec > j + 1]
-            batch = [ScheduledSeq(st.view, 1) for _, _, st in proposing]  # feed the draft just made
-        for i, drafts_q in q_rows.items():
-            if drafts_q:
-                results[i] = (results[i][0], torch.stack(drafts_q))
-        for i, s in enumerate(scheduled):  # the KV now covers the known tokens and all drafts but the last
-            if results[i][0]:
-                self.states[s.seq.request_id].known = s.seq.num_tokens
+                proposing.append((i, s, st, ScheduledSeq(st.view, n)))
+            else:
+                partial.append((st, ScheduledSeq(st.view, n)))
+        if not proposing and not partial:
+            return results
+        # Most drafts first: the rows still drafting in round j are then the first ones of round j - 1.
+        proposing.sort(key=lambda e: -e[1].num_spec)
+        batch = [e[3] for e in proposing] + [item for _, item in partial]
+        logits = self.runner.execute(SchedulerOutput(batch))  # rows: the proposing entries, in order
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        for st, item in partial:
+            st.known = item.seq.num_computed_tokens
+        if not proposing:
+            return results
+        sampled = [r for r, e in enumerate(proposing) if not e[1].seq.params.greedy]
+        logit_filter = LogitFilter([e[1].seq.params for e in proposing], logits.device, logits.shape[1]) \
+            if sampled else None
+        live = [sum(1 for e in proposing if e[1].num_spec > j) for j in range(proposing[0][1].num_spec)]
+        rounds: list[torch.Tensor] = []  # round j's drafts [live[j]], on the device
+        q_rows: dict[int, list[torch.Tensor]] = {r: [] for r in sampled}
+        for j, m in enumerate(live):
+            if j:
+                fed = [ScheduledSeq(e[2].view, 1, fed_from=r) for r, e in enumerate(proposing[:m])]
+                logits = self.runner.execute(SchedulerOutput(fed), feed=rounds[-1])
+                for item in fed:
+                    item.seq.num_computed_tokens += 1
+            tokens = logits[:m].argmax(dim=1)
+            if logit_filter is not None:
+                probs = logit_filter(logits[:m]).softmax(dim=1)
+                for r in (r for r in sampled if r < m):
+                    race = torch.empty_like(probs[r]).exponential_(generator=proposing[r][1].seq.generator)
+                    tokens[r] = (probs[r] / race).argmax()
+                    q_rows[r].append(probs[r])
+            rounds.append(tokens)
+        drafts = torch.zeros(len(proposing), len(live), dtype=torch.int64, device=logits.device)
+        for j, tokens in enumerate(rounds):
+            drafts[:live[j], j] = tokens
+        host = drafts.tolist()  # the one wait for the device
+        for r, (i, s, st, _) in enumerate(proposing):
+            tokens_i = host[r][:s.num_spec]
+            q = q_rows.get(r)
+            results[i] = (tokens_i, torch.stack(q) if q else None)
+            st.view.output_token_ids.extend(tokens_i)
+            st.known = s.seq.num_tokens  # the KV now covers the known tokens and all drafts but the last
         return results
 
     def accepted(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
