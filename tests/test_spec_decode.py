@@ -83,6 +83,23 @@ def test_a_different_draft_keeps_greedy_output_identical(target: Path, other_dra
 _HOST_READS = ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy")
 
 
+def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts reads of a tensor's value on the host (`_HOST_READS`) while counts["on"] is 1."""
+    counts = {"on": 0, "n": 0}
+
+    def counting(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def read(self: torch.Tensor, *args, **kwargs):
+            counts["n"] += counts["on"]
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in _HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    return counts
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_a_draft_model_reads_its_drafts_back_once_a_step_whatever_k(target: Path, other_draft: Path,
                                                                   monkeypatch: pytest.MonkeyPatch, k: int) -> None:
@@ -94,27 +111,16 @@ def test_a_draft_model_reads_its_drafts_back_once_a_step_whatever_k(target: Path
               speculative_config={"method": "draft_model", "model": str(other_draft), "num_speculative_tokens": k})
     assert llm.engine.spec is not None
     proposer = llm.engine.spec.proposer
-    reads = {"on": False, "n": 0}
-
-    def counting(name: str):
-        original = getattr(torch.Tensor, name)
-
-        def read(self: torch.Tensor, *args, **kwargs):
-            reads["n"] += reads["on"]
-            return original(self, *args, **kwargs)
-        return read
-
-    for name in _HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    reads = count_host_reads(monkeypatch)
     per_step: list[int] = []
     propose = proposer.propose
 
     def propose_counted(scheduled):
-        reads.update(on=True, n=0)
+        reads.update(on=1, n=0)
         try:
             return propose(scheduled)
         finally:
-            reads["on"] = False
+            reads["on"] = 0
             per_step.append(reads["n"])
 
     monkeypatch.setattr(proposer, "propose", propose_counted)
@@ -122,6 +128,34 @@ def test_a_draft_model_reads_its_drafts_back_once_a_step_whatever_k(target: Path
     llm.generate(mixed_prompts(2, seed=21), params)
     assert per_step and set(per_step) == {1}, per_step
     assert llm.stats()["spec_proposed_tokens"] >= k * len(per_step)
+
+
+def test_greedy_verifications_of_a_step_read_the_device_once(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many greedy sequences a step verifies, their argmaxes come back in one read (plus one for the
+    sequences without drafts, sampled as usual), with greedy output unchanged."""
+    prompts = repetitive_prompts(6, seed=3)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(20)))
+    llm = LLM(str(target), dtype="float32",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    assert llm.engine.spec is not None
+    spec = llm.engine.spec
+    counts = count_host_reads(monkeypatch)
+    steps: list[tuple[int, int, int]] = []  # (sequences with drafts, without, reads)
+    verify = spec.verify
+
+    def verify_counted(sampling, logits, draft_probs, generator):
+        counts.update(on=1, n=0)
+        try:
+            return verify(sampling, logits, draft_probs, generator)
+        finally:
+            counts["on"] = 0
+            with_drafts = sum(1 for s in sampling if s.draft_tokens)
+            steps.append((with_drafts, len(sampling) - with_drafts, counts["n"]))
+
+    monkeypatch.setattr(spec, "verify", verify_counted)
+    assert tokens(llm.generate(prompts, greedy(20))) == want
+    assert any(d >= 2 for d, _, _ in steps), steps  # steps that verified several sequences at once
+    assert all(reads <= (d > 0) + (p > 0) for d, p, reads in steps), steps
 
 
 def test_a_block_filled_by_accepted_drafts_is_cached_once_its_tokens_are_known(target: Path) -> None:

@@ -69,13 +69,16 @@ class SpeculativeDecoding:
                              generator, [q.logits_processor for q in seqs])
             for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
                 out[i] = ([tok], [lp])
+        # Every greedy verification's argmaxes in one read from the device (not one per sequence).
+        argmax = logits.argmax(dim=1).tolist() if any(s.draft_tokens and s.seq.params.greedy for s in sampling) \
+            else []
         for i, s in enumerate(sampling):
             if not s.draft_tokens:
                 continue
             seq, block = s.seq, logits[rows[i]:rows[i + 1]]
             assert seq.logits_processor is None, "a request with logits processing is given no drafts"
             if seq.params.greedy:
-                tokens = accept_greedy(block.argmax(dim=1).tolist(), s.draft_tokens)
+                tokens = accept_greedy(argmax[rows[i]:rows[i + 1]], s.draft_tokens)
             else:
                 p = target_distributions(block, [seq.params] * block.shape[0])
                 tokens = accept_sampled(p, s.draft_tokens, draft_probs.get(id(seq)), seq.generator)
