@@ -167,6 +167,9 @@ class Worker:
         if cfg.kv_cache_memory_bytes is not None:
             budget = cfg.kv_cache_memory_bytes
         elif self.device.type == "cuda":
+            # What loading freed but PyTorch's allocator still holds (AWQ's repack, weights drawn or quantized at
+            # load) counts as used to the driver: hand it back first, so the cache gets it.
+            torch.cuda.empty_cache()
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * cfg.gpu_memory_utilization)
         else:
