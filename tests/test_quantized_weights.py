@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from governor.engine import LLM
 from governor.engine.models.checkpoint import dummy_weights
-from governor.engine.models.model_config import UnsupportedModelError, load_model_config
+from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization, load_model_config
 from governor.engine.models.quantization import QuantizedLinear, dummy_linear_tensors
 from tests.conftest import build_hf_checkpoint, count_calls
 from tests.test_engine_parity import engine_prompt_logits, greedy, hf_greedy, mixed_prompts
@@ -520,6 +520,24 @@ def test_awq_codes_are_repacked_along_the_input_features_with_the_weight_unchang
     assert torch.equal(layer.dequantize().cpu(), want)
     with pytest.raises(RuntimeError, match="repacked already"):
         layer.load(0, "qweight", qweight, "down_proj.qweight")
+
+
+def test_awq_repack_of_many_input_rows_keeps_the_weight_and_refuses_a_ragged_pack() -> None:
+    """Input rows are repacked a slice at a time: a layer of several slices, its weight unchanged (this test's own
+    AWQ packing and unpacking). A layer whose input features are not whole eights is refused at build time."""
+    k, n, group = 2304, 24, 128  # 2,304 rows: three slices of the repack, the last one partial
+    gen = torch.Generator().manual_seed(40)
+    q, z = torch.randint(0, 16, (k, n), generator=gen), torch.randint(0, 16, (k // group, n), generator=gen)
+    s = (torch.rand(k // group, n, generator=gen) / 10).half()
+    layer = QuantizedLinear(WeightQuantization("awq", 4, group), k, (n,), torch.device("cpu"))
+    for name, tensor in (("qweight", pack_awq(q)), ("qzeros", pack_awq(z)), ("scales", s)):
+        layer.load(0, name, tensor, name)
+    assert not layer.missing()
+    layer.repack()
+    assert layer.codes_along_k
+    assert torch.equal(layer.dequantize(), dequantize(q, z, s, torch.arange(k) // group))
+    with pytest.raises(UnsupportedModelError, match="multiple of 8"):
+        QuantizedLinear(WeightQuantization("awq", 4, 4), 20, (n,), torch.device("cpu"))
 
 
 def test_prefix_caching_and_ngram_speculation_keep_greedy_tokens(quantized) -> None:

@@ -495,14 +495,15 @@ def _packed_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_ptr, o
 
 
 _SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED_COUNTERS: list[torch.Tensor] = []  # outgrown buffers, kept: captured CUDA graphs may still point at them
 
 
 def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk: int = 256
                        ) -> tuple[int, int] | None:
     """(K step, chunk) of the split kernel over K inputs in groups of `group_size` consecutive features, or None
     where it does not apply: the step is the largest power of two up to 16 words a column (GPTQ; 64 for AWQ, whose
-    step unpacks [step, 32, 8] codes) that divides the group and holds whole words, the chunk the largest multiple of
-    it up to `max_chunk` (the policy's `packed_split_chunk`) that divides K."""
+    step unpacks [step, 32, 8] codes) that divides the group and holds whole words, the chunk the step doubled while
+    it stays within `max_chunk` (the policy's `packed_split_chunk`) and divides K."""
     per = 32 // bits
     if group_size <= 0 or k % group_size:
         return None
@@ -518,11 +519,17 @@ def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk
 
 
 def _split_counters(device: torch.device, blocks: int) -> torch.Tensor:
-    """The split kernel's counters on `device`, zero between launches (each launch's last splits reset theirs); one
-    buffer serves every launch, since launches on a stream run one after another (under PDL too: a launch waits for
-    the one before it to end before it touches them)."""
+    """The split kernel's counters on `device`, zero between launches (each launch's last splits reset theirs).
+
+    One buffer serves every launch on the device, which holds while they run one after another: the engine runs
+    every kernel on one stream, and under PDL a split launch waits for the kernel before it to end before it touches
+    the counters (every kernel of the decode chain waits so before it writes anything). Split GEMVs on two streams of
+    one device at once would share counters and are not supported. A buffer that is outgrown is kept alive, not
+    freed: CUDA graphs captured with it still address it."""
     have = _SPLIT_COUNTERS.get(device)
     if have is None or have.numel() < blocks:
+        if have is not None:
+            _RETIRED_COUNTERS.append(have)
         have = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=device)
         _SPLIT_COUNTERS[device] = have
     return have

@@ -14,9 +14,10 @@ in the same all-reduce pattern), and each rank's logits cover its rows; they are
 only.
 
 A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
-`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way; on one-row fused steps it
-streams its packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, every other case runs the reference
-dequantize path. Embeddings, norms and lm_head stay dense.
+`QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way (AWQ's codes repacked
+into GPTQ's layout once loaded); on fused steps it streams its packed bytes through `fp8_gemv` or `gptq_gemv` (one
+row) or `packed_gemm` / an e4m3 GEMM (a few rows), every other case runs the reference dequantize path. Embeddings,
+norms and lm_head stay dense.
 """
 
 from __future__ import annotations

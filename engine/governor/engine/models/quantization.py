@@ -167,6 +167,9 @@ def unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     return nibbles.transpose(-1, -2).flatten(-3)
 
 
+_REPACK_ROWS = 1024  # input rows of AWQ codes repacked at a time (a multiple of 8)
+
+
 class QuantizedLinear(nn.Module):
     """The packed weight of one linear layer, or of several fused along the output features (`out_parts`:
     each part's output count, e.g. (q, kv, kv)). Parts are loaded one checkpoint tensor at a time
@@ -205,6 +208,9 @@ class QuantizedLinear(nn.Module):
                                                              dtype=torch.float32, device=device), requires_grad=False)
             return
         full_in = in_features * (self.size if self.split == "in" else 1)
+        if self.method == "awq" and in_features % 8:
+            raise UnsupportedModelError(f"an AWQ linear of {in_features} input features: its codes are repacked eight "
+                                        "input features to an int32 at load, so they must be a multiple of 8")
         self.group_size = full_in if quant.group_size == -1 else quant.group_size
         groups = in_features * (self.size if self.replicated_groups else 1) // self.group_size
         self.pack = 32 // quant.bits
@@ -239,7 +245,7 @@ class QuantizedLinear(nn.Module):
         else:
             pack = 32 // quant.bits
             units = [("output features of a part", min(self.out_parts), pack, f"the {quant.bits}-bit packing")]
-            if self.split == "in" and quant.method == "gptq":  # GPTQ packs codes along the input features
+            if self.split == "in":  # GPTQ packs codes along the input features, and AWQ's are repacked so
                 units.append(("input features", self.in_features, pack, f"the {quant.bits}-bit packing"))
             if self.split == "in" and not self.replicated_groups:  # the rank's groups are a contiguous run
                 units.append(("input features", self.in_features, quant.group_size, "group_size"))
@@ -399,9 +405,13 @@ class QuantizedLinear(nn.Module):
         91.2 against 131.3 us a llama3-8b layer). Exact (a permutation of bits); other layers are left as they are."""
         if self.method != "awq" or self.codes_along_k:
             return
-        q, z = unpack_awq(self.qweight.data), unpack_awq(self.qzeros.data)
-        self.qweight = nn.Parameter(pack_int32(q, 4, dim=0), requires_grad=False)
-        self.qzeros = nn.Parameter(pack_int32(z, 4, dim=-1), requires_grad=False)
+        packed = self.qweight.data
+        qweight = torch.empty(packed.shape[0] // 8, packed.shape[1] * 8, dtype=torch.int32, device=packed.device)
+        for start in range(0, packed.shape[0], _REPACK_ROWS):  # a slice at a time: the codes unpacked are 8x larger
+            rows = packed[start:start + _REPACK_ROWS]
+            qweight[start // 8:(start + rows.shape[0]) // 8] = pack_int32(unpack_awq(rows), 4, dim=0)
+        self.qweight = nn.Parameter(qweight, requires_grad=False)
+        self.qzeros = nn.Parameter(pack_int32(unpack_awq(self.qzeros.data), 4, dim=-1), requires_grad=False)
         self.codes_along_k = True
 
     def codes_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
