@@ -8,11 +8,12 @@
 #             so that a kernel that does not compute what its reference does is known before it is timed;
 #   governor  bf16; fp8 quantized at load (--quantization fp8); block-scaled fp8 (128 x 128); AWQ int4; GPTQ int4
 #             (groups of 128): `governor bench latency`, which also reports the weight-read roofline;
+#   sweep     each quantized one-row product alone, under launch-policy variants (scripts/quantized-gemv-sweep.py);
 #   gpt-fast  int8 and int4 weight-only (benchmarks/peers/gpt_fast_latency.py; GPT_FAST_DIR, default .peers/gpt-fast);
 #   vllm      vLLM 0.26 on bf16, block-scaled fp8 and AWQ (VLLM_SITE: an unpacked bundle of benchmarks/peers.sh).
 # Each run is its own stage (a failure does not stop the others); results are JSON under $RESULTS_DIR.
 # DRY=1 runs the governor stage on CPU with the small preset (to check the script, not to measure; the small shape
-# has no 128-row blocks, so block-scaled fp8 is left out).
+# has no 128-row blocks, so block-scaled fp8 is left out), and the sweep stage's variants against their references.
 set -uo pipefail
 if [ "${DRY:-0}" = 1 ]; then
   RESULTS_DIR=${RESULTS_DIR:-/tmp/quant-dry}
@@ -54,6 +55,17 @@ gpu_tests() {
     tests/test_kernels_packed_gemm.py tests/test_quantized_weights.py -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS_DIR/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ]
 }
+sweep_run() {
+  rm -f "$RESULTS_DIR/gemv-sweep.json"
+  if [ "${DRY:-0}" = 1 ]; then  # every variant against its reference, interpreted
+    TRITON_INTERPRET=1 python3 scripts/quantized-gemv-sweep.py --check --output-json "$RESULTS_DIR/gemv-sweep.json" \
+      2>&1 | tail -2
+  else
+    timeout 400 python3 scripts/quantized-gemv-sweep.py --deadline-s 300 --output-json "$RESULTS_DIR/gemv-sweep.json" \
+      2>&1 | tail -2
+  fi
+  [ -s "$RESULTS_DIR/gemv-sweep.json" ]
+}
 gpt_fast_run() {  # gpt_fast_run int8|int4
   rm -f "$RESULTS_DIR/lat-gpt-fast-$1.json"
   timeout 500 python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir "$GPT_FAST_DIR" --weights "$1" \
@@ -70,10 +82,11 @@ vllm_run() {  # vllm_run FORMAT
 }
 
 for spec in "dense" "awq awq" "gptq gptq" "fp8 fp8"; do config_only $spec; done
-for s in ${STAGE:-tests governor gpt-fast vllm}; do
+for s in ${STAGE:-tests governor sweep gpt-fast vllm}; do
   case $s in
     tests) stage gpu-tests gpu_tests ;;
     governor) for f in $FORMATS; do stage "governor-$f" governor_run "$f"; done ;;
+    sweep) stage gemv-sweep sweep_run ;;
     gpt-fast) for w in int8 int4; do stage "gpt-fast-$w" gpt_fast_run "$w"; done ;;
     vllm) for f in bf16 fp8-block awq; do stage "vllm-$f" vllm_run "$f"; done ;;
     *) echo "unknown stage $s"; FAILED+=("$s") ;;
