@@ -9,7 +9,8 @@ copy bandwidth (weight, zero-point and scale bytes read).
 Variants: fp8 — `fp8_gemv` over per-feature (quantized at load) and 128 x 128 block scales with the policy's
 `fp8_gemv` tile, the x rounding W8A8 runs before it (`fp8_round`); AWQ — `awq_gemv` on AWQ's own layout, split along
 K or not (`packed_split`), and the layout the engine repacks AWQ into at load (`gptq_gemv` with the zero points as
-stored); GPTQ (4-bit, groups of 128 in order) — `gptq_gemv` split or not, and the split's column block and chunk.
+stored); GPTQ (4-bit, groups of 128 in order) — `gptq_gemv` split or not, and the split's column block and chunk;
+for AWQ and GPTQ also the policy's split without programmatic dependent launch.
 Each product is timed in a CUDA graph of back-to-back calls over enough weight copies that every call reads from
 HBM, as scripts/gemv-sweep.py does.
 """
@@ -47,6 +48,7 @@ def variants(fmt: str, base: LaunchPolicy, check: bool) -> list[tuple[str, Launc
         for chunk in (128, 256, 512):
             out.append((f"split {block_n} x {chunk}", dataclasses.replace(
                 base, packed_split=True, packed_split_block_n=block_n, packed_split_chunk=chunk)))
+    out.append(("split, no PDL", dataclasses.replace(base, packed_split=True, packed_split_pdl=False)))
     return out
 
 

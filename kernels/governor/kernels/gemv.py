@@ -570,6 +570,7 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
         splits = k // chunk
         block_n = policy.packed_split_block_n
         blocks = triton.cdiv(n, block_n)
+        pdl = pdl and policy.packed_split_pdl
         ws = torch.empty(splits if splits > 1 else 0, n, dtype=torch.float32, device=x.device)
         _packed_split_kernel[(blocks, splits)](
             x, qweight, qzeros, scales, out if bias is None else bias, ws, _split_counters(x.device, blocks), out, n,

@@ -110,6 +110,11 @@ class LaunchPolicy:
     packed_split_block_n: int = 256
     # Most input features a split program takes: 256 was best over the layer, 128 within 0.2 us, 512 6.3 us slower.
     packed_split_chunk: int = 256
+    # Whether the split kernel launches under programmatic dependent launch where `step_pdl` has it. Its programs
+    # wait before their first read, so launching early only holds SM slots. A sweep kernel without PDL (which also
+    # added its partials in a loop) took 75.7 us a layer against the shipped 91.0; the sweep's "no PDL" variant
+    # measures this field alone. Not yet measured.
+    packed_split_pdl: bool = True
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.
     # Whether they launch under programmatic dependent launch where the GPU has it (`elementwise.chain_pdl`): each
