@@ -52,7 +52,7 @@ governor_run() {  # governor_run FORMAT
 }
 gpu_tests() {
   timeout 900 python3 -m pytest -q -m gpu tests/test_kernels_gemv.py tests/test_kernels_fp8_quant.py \
-    tests/test_kernels_packed_gemm.py tests/test_quantized_weights.py -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS_DIR/gpu-tests.log"
+    tests/test_kernels_packed_gemm.py tests/test_kernels_packed_gemv.py tests/test_quantized_weights.py -p no:cacheprovider 2>&1 | tail -15 | tee "$RESULTS_DIR/gpu-tests.log"
   [ "${PIPESTATUS[0]}" = 0 ]
 }
 sweep_run() {

@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from governor.kernels import fp8_gemm, fp8_quant, gemv, packed_gemm
+from governor.kernels import fp8_gemm, fp8_quant, gemv, packed_gemm, packed_gemv
 from governor.kernels.launch_policy import LaunchPolicy
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -51,18 +51,19 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     for gptq, bits, grouped in ((False, 4, True), (True, 4, True), (True, 8, False)):
         sig, consts = constexprs("K GROUP BITS GPTQ GROUPED ZERO_OFFSET BLOCK_N BLOCK_K HAS_BIAS PDL", K=4096,
                                  GROUP=128, BITS=bits, GPTQ=gptq, GROUPED=grouped, ZERO_OFFSET=1,
-                                 BLOCK_N=gemv.PACKED_BLOCK_N, BLOCK_K=gemv.PACKED_BLOCK_K, HAS_BIAS=False, PDL=True)
-        out.append((f"packed_gemv gptq={gptq} bits={bits} grouped={grouped}", gemv._packed_gemv_kernel,
+                                 BLOCK_N=packed_gemv.PACKED_BLOCK_N, BLOCK_K=packed_gemv.PACKED_BLOCK_K,
+                                 HAS_BIAS=False, PDL=True)
+        out.append((f"packed_gemv gptq={gptq} bits={bits} grouped={grouped}", packed_gemv._packed_gemv_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
                      "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
     # (True, 4): AWQ repacked along K (zero points as stored); (True, 8): GPTQ v1 in one split.
     for gptq, bits, splits, bias in ((False, 4, 16, False), (True, 4, 16, True), (True, 8, 1, False)):
-        step, chunk = gemv.packed_split_shape(4096, 128, bits, gptq) or (0, 0)
+        step, chunk = packed_gemv.packed_split_shape(4096, 128, bits, gptq) or (0, 0)
         sig, consts = constexprs("K GROUP BITS GPTQ BLOCK_N BLOCK_K CHUNK SPLITS SPLITS_P2 ZERO_OFFSET HAS_BIAS PDL",
                                  K=4096, GROUP=128, BITS=bits, GPTQ=gptq, BLOCK_N=LaunchPolicy().packed_split_block_n,
                                  BLOCK_K=step, CHUNK=4096 if splits == 1 else chunk, SPLITS=splits, SPLITS_P2=splits,
                                  ZERO_OFFSET=int(bits == 8), HAS_BIAS=bias, PDL=True)
-        out.append((f"packed_split gptq={gptq} bits={bits} splits={splits}", gemv._packed_split_kernel,
+        out.append((f"packed_split gptq={gptq} bits={bits} splits={splits}", packed_gemv._packed_split_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*bf16",
                      "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
     for x, gptq, bits, ieee in (("*bf16", False, 4, False), ("*bf16", True, 4, False), ("*fp16", True, 8, False),

@@ -10,7 +10,8 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 'transformers', transformers.__version__)" | tee -a "$RESULTS_DIR/gpu.txt"
 FILES=(tests/test_async_scheduling.py tests/test_bench_attention.py tests/test_cuda_graphs.py tests/test_engine_gpu.py
        tests/test_kernels_elementwise.py tests/test_kernels_fp8_quant.py tests/test_kernels_gemv.py
-       tests/test_kernels_packed_gemm.py tests/test_kernels_paged_attention.py tests/test_quantized_weights.py
+       tests/test_kernels_packed_gemm.py tests/test_kernels_packed_gemv.py tests/test_kernels_paged_attention.py
+       tests/test_quantized_weights.py
        tests/test_step_fast_paths.py tests/test_structured_outputs.py)
 python3 -m pytest -q -m gpu -p no:cacheprovider -rs "${FILES[@]}" 2>&1 | grep -vE "Writing|Loading" | tail -40 \
   | tee "$RESULTS_DIR/gpu-tests.log"

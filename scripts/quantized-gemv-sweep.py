@@ -28,8 +28,9 @@ import torch
 
 from governor.engine.models.quantization import pack_int32, unpack_awq
 from governor.kernels.fp8_quant import fp8_round
-from governor.kernels.gemv import awq_gemv, awq_gemv_ref, fp8_gemv, fp8_gemv_ref, gemv, gptq_gemv, gptq_gemv_ref
+from governor.kernels.gemv import fp8_gemv, fp8_gemv_ref, gemv
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
+from governor.kernels.packed_gemv import awq_gemv, awq_gemv_ref, gptq_gemv, gptq_gemv_ref
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 CHECK_SHAPES = {"a": (96, 512), "b": (320, 1024)}

@@ -10,7 +10,6 @@ import dataclasses
 import pytest
 import torch
 
-import governor.kernels.gemv as gemv_module
 from governor.engine import LLM, SamplingParams
 from governor.engine.models import llama
 from governor.kernels import elementwise as ew
@@ -18,8 +17,6 @@ from governor.kernels.gemv import (
     FP8_SCALE_ON_X,
     FP8_SCALE_PER_ELEMENT,
     FP8_SCALE_PER_ROW,
-    awq_gemv,
-    awq_gemv_ref,
     block_k_for,
     fp8_gemv,
     fp8_gemv_ref,
@@ -27,13 +24,8 @@ from governor.kernels.gemv import (
     gemv,
     gemv_ref,
     gemv_usable,
-    gptq_gemv,
-    gptq_gemv_ref,
-    packed_k_step,
-    packed_split_shape,
 )
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
-from tests import test_quantized_weights as qw
 from tests.conftest import DEVICE, TINY, needs_triton, seeded_randn
 from tests.test_engine_parity import hf_greedy, mixed_prompts
 
@@ -46,7 +38,7 @@ def _tiles(block_n: int, block_k: int, num_warps: int) -> LaunchPolicy:
     return dataclasses.replace(POLICY, gemv=tile, fp8_gemv=tile)
 
 
-def _assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+def assert_sum_order_close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
                             silu_mul: bool) -> None:
     """got equals the fp32 product of the same (rounded) inputs, up to fp32 sum order and one final rounding:
     within one output-dtype step of the exact value (2^-8 relative in bf16), plus a summation slack."""
@@ -69,7 +61,7 @@ def test_gemv_matches_the_exact_product(dtype: torch.dtype, n: int, k: int, with
     w = seeded_randn(n, k, dtype=dtype, seed=1, scale=0.1)
     bias = seeded_randn(n, dtype=dtype, seed=2) if with_bias else None
     got = gemv(x, w, bias, silu_mul, policy=_tiles(block_n=16, block_k=64, num_warps=4))
-    _assert_sum_order_close(got, x, w, bias, silu_mul)
+    assert_sum_order_close(got, x, w, bias, silu_mul)
     torch.testing.assert_close(got.float(), gemv_ref(x, w, bias, silu_mul).float(),
                                **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {}))
 
@@ -93,7 +85,7 @@ def test_gemv_default_config_takes_shapes_it_does_not_divide() -> None:
     assert 70 % default.block_n and default.block_k < 2368 < 2 * default.block_k
     x = seeded_randn(1, 2368, dtype=torch.bfloat16, seed=4)
     w = seeded_randn(70, 2368, dtype=torch.bfloat16, seed=5, scale=0.1)
-    _assert_sum_order_close(gemv(x, w), x, w, None, False)
+    assert_sum_order_close(gemv(x, w), x, w, None, False)
 
 
 def test_a_launch_takes_the_largest_whole_k_step_up_to_the_policys() -> None:
@@ -110,7 +102,7 @@ def test_gemv_halves_its_k_step_until_it_divides_k() -> None:
     x = seeded_randn(1, 384, dtype=torch.float32, seed=8)
     w = seeded_randn(12, 384, dtype=torch.float32, seed=9, scale=0.1)
     assert block_k_for(256, 384) == 128
-    _assert_sum_order_close(gemv(x, w, policy=_tiles(4, 256, 4)), x, w, None, False)
+    assert_sum_order_close(gemv(x, w, policy=_tiles(4, 256, 4)), x, w, None, False)
 
 
 @needs_triton
@@ -165,7 +157,7 @@ def test_gpu_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n:
                                                                              ) -> None:
     x = seeded_randn(1, 2 * k if silu_mul else k, dtype=torch.bfloat16, seed=6)
     w = seeded_randn(n, k, dtype=torch.bfloat16, seed=7, scale=0.02)
-    _assert_sum_order_close(gemv(x, w, silu_mul=silu_mul), x, w, None, silu_mul)
+    assert_sum_order_close(gemv(x, w, silu_mul=silu_mul), x, w, None, silu_mul)
 
 
 # --- fp8 weights ---------------------------------------------------------------------------------------------------
@@ -215,9 +207,9 @@ def test_fp8_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: tor
     x = seeded_randn(1, k, dtype=dtype, seed=11)
     bias = seeded_randn(n, dtype=dtype, seed=12) if with_bias else None
     got = fp8_gemv(x, codes, scale, block, bias, policy=_tiles(4, 64, 4))  # several K steps, a ragged last one
-    _assert_sum_order_close(got, x, _dequantized(codes, scale, block, torch.float32), bias, False)
+    assert_sum_order_close(got, x, _dequantized(codes, scale, block, torch.float32), bias, False)
     ref = fp8_gemv_ref(x, codes, scale, block, bias)
-    _assert_sum_order_close(ref, x, _dequantized(codes, scale, block, torch.float32), bias, False)
+    assert_sum_order_close(ref, x, _dequantized(codes, scale, block, torch.float32), bias, False)
 
 
 @needs_triton
@@ -238,155 +230,5 @@ def test_gpu_fp8_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_produc
                                                                                 block: tuple[int, int]) -> None:
     codes, scale = _fp8_weight(n, k, block, seed=15)
     x = seeded_randn(1, k, dtype=torch.bfloat16, seed=16)
-    _assert_sum_order_close(fp8_gemv(x, codes, scale, block), x, _dequantized(codes, scale, block, torch.float32),
-                            None, False)
-
-
-# --- AWQ int4 weights -----------------------------------------------------------------------------------------------
-
-
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,k,group", [(64, 128, 32), (72, 64, 64), (136, 192, 64), (32, 96, 24)],
-                         ids=["two-k-steps", "ragged-columns", "ragged-columns-three-k-steps",
-                              "groups-across-k-steps"])
-@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
-def test_awq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, n: int, k: int, group: int,
-                                                                     with_bias: bool) -> None:
-    """The packed tensors come from the quantized-weights test's own AWQ packing, and the weight they stand for from
-    its own unpacking (independent of the kernel and of models/quantization.py). Groups of 24 share no power-of-two
-    K step: that case takes each code's zero point and scale (the general path), the others a group's per step."""
-    w = seeded_randn(n, k, dtype=torch.float32, seed=17, scale=0.1)
-    scheme = qw.Scheme("awq", 4, group)
-    g_idx = torch.arange(k) // group
-    q, z, s = qw.quantize(w, scheme, g_idx)
-    packed = {"qweight": qw.pack_awq(q), "qzeros": qw.pack_awq(z), "scales": s}
-    weight = qw.dequantize(qw.unpack_awq(packed["qweight"]), qw.unpack_awq(packed["qzeros"]), s, g_idx)
-    x = seeded_randn(1, k, dtype=dtype, seed=18)
-    bias = seeded_randn(n, dtype=dtype, seed=19) if with_bias else None
-    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales")]
-    assert packed_k_step(k, group, True)[1] == (group != 24)
-    got = awq_gemv(x, *args, group, bias)
-    _assert_sum_order_close(got, x, weight.to(DEVICE), bias, False)
-    _assert_sum_order_close(awq_gemv_ref(x, *args, group, bias), x, weight.to(DEVICE), bias, False)
-
-
-@needs_triton
-def test_awq_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
-    x = seeded_randn(1, 64, dtype=torch.float32, seed=20)
-    qweight = torch.zeros(64, 2, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="group_size 48 must divide"):
-        awq_gemv(x, qweight, torch.zeros(1, 2, dtype=torch.int32, device=DEVICE),
-                 torch.ones(1, 16, dtype=torch.float16, device=DEVICE), 48)
-    with pytest.raises(ValueError, match=r"qzeros must be \[2, 2\] and scales \[2, 16\]"):
-        awq_gemv(x, qweight, torch.zeros(1, 2, dtype=torch.int32, device=DEVICE),
-                 torch.ones(1, 16, dtype=torch.float16, device=DEVICE), 32)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("n,k", [(6144, 4096), (4096, 14336)], ids=["qkv", "down"])
-def test_gpu_awq_gemv_at_real_shapes_is_within_one_bf16_step_of_the_exact_product(n: int, k: int) -> None:
-    gen = torch.Generator(device="cuda").manual_seed(21)
-    qweight = torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, device="cuda", generator=gen)
-    qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // 8), dtype=torch.int32, device="cuda", generator=gen)
-    scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.01).half()
-    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=22)
-    weight = awq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, 128)  # W.T
-    _assert_sum_order_close(awq_gemv(x, qweight, qzeros, scales, 128), x, weight.t(), None, False)
-
-
-# --- GPTQ int4 / int8 weights ---------------------------------------------------------------------------------------
-
-
-@needs_triton
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bits,n,k,group,act_order", [(4, 64, 128, 32, False), (4, 72, 96, 32, True),
-                                                      (8, 136, 192, 64, True), (8, 64, 64, -1, False)],
-                         ids=["int4", "int4-act-order-ragged-columns", "int8-act-order-three-k-steps",
-                              "int8-one-group"])
-@pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
-def test_gptq_gemv_matches_the_exact_product_of_the_dequantized_weight(dtype: torch.dtype, bits: int, n: int, k: int,
-                                                                      group: int, act_order: bool,
-                                                                      with_bias: bool) -> None:
-    """Packed, and unpacked into the weight they stand for, by the quantized-weights test's own GPTQ code (independent
-    of the kernel and of models/quantization.py); act order: a random permutation assigns the groups."""
-    w = seeded_randn(n, k, dtype=torch.float32, seed=23, scale=0.1)
-    scheme = qw.Scheme("gptq", bits, group, desc_act=act_order)
-    perm = torch.randperm(k, generator=torch.Generator().manual_seed(24))
-    packed, weight = qw.pack_linear(w, scheme, perm)
-    x = seeded_randn(1, k, dtype=dtype, seed=25)
-    bias = seeded_randn(n, dtype=dtype, seed=26) if with_bias else None
-    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales", "g_idx")]
-    _assert_sum_order_close(gptq_gemv(x, *args, bits, bias), x, weight.to(DEVICE), bias, False)
-    _assert_sum_order_close(gptq_gemv_ref(x, *args, bits, bias), x, weight.to(DEVICE), bias, False)
-    if not act_order:  # the caller knows the groups are in order: the grouped steps
-        _assert_sum_order_close(gptq_gemv(x, *args, bits, bias, group_size=k if group == -1 else group), x,
-                                weight.to(DEVICE), bias, False)
-
-
-@needs_triton
-def test_gptq_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None:
-    x = seeded_randn(1, 64, dtype=torch.float32, seed=27)
-    qweight = torch.zeros(8, 16, dtype=torch.int32, device=DEVICE)  # 64 input features of 4 bits, 16 outputs
-    zeros, scales = torch.zeros(2, 2, dtype=torch.int32, device=DEVICE), torch.ones(2, 16, dtype=torch.float16,
-                                                                                        device=DEVICE)
-    g_idx = torch.zeros(64, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="bits must be 4 or 8"):
-        gptq_gemv(x, qweight, zeros, scales, g_idx, 3)
-    with pytest.raises(ValueError, match=r"qzeros must be \[G, 2\], scales \[G, 16\] and g_idx \[64\]"):
-        gptq_gemv(x, qweight, zeros, scales, g_idx[:32], 4)
-    with pytest.raises(ValueError, match="x has 64 columns and qweight holds 32 input features"):
-        gptq_gemv(x, qweight[:4], zeros, scales, g_idx, 4)
-
-
-@needs_triton
-@pytest.mark.parametrize("method,bits", [("awq", 4), ("gptq", 4), ("gptq", 8)])
-def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str, bits: int) -> None:
-    """The split kernel over several K chunks and two column blocks (one ragged), with a bias: the product of the
-    dequantized weight, bit for bit the same on a second call (the partials are added in one order, whichever split
-    ends last), and every counter back at zero after each call."""
-    n, k, group = 320, 1024, 128
-    step, chunk = packed_split_shape(k, group, bits, method == "gptq") or (0, 0)
-    assert k // chunk == 4 and step < chunk  # four splits of two or more K steps each
-    w = seeded_randn(n, k, dtype=torch.float32, seed=30, scale=0.1)
-    g_idx = torch.arange(k) // group
-    if method == "awq":
-        q, z, s = qw.quantize(w, qw.Scheme("awq", 4, group), g_idx)
-        packed = {"qweight": qw.pack_awq(q), "qzeros": qw.pack_awq(z), "scales": s}
-        weight = qw.dequantize(qw.unpack_awq(packed["qweight"]), qw.unpack_awq(packed["qzeros"]), s, g_idx)
-    else:
-        packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group), torch.arange(k))
-    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=31)
-    bias = seeded_randn(n, dtype=torch.bfloat16, seed=32)
-    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales")]
-
-    def run() -> torch.Tensor:
-        if method == "awq":
-            return awq_gemv(x, *args, group, bias)
-        return gptq_gemv(x, *args, packed["g_idx"].to(DEVICE), bits, bias, group_size=group)
-
-    first = run()
-    counters = gemv_module._SPLIT_COUNTERS[first.device]
-    assert not counters.any()
-    _assert_sum_order_close(first, x, weight.to(DEVICE), bias, False)
-    assert torch.equal(run(), first) and not counters.any()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("bits", [4, 8])
-def test_gpu_gptq_gemv_at_a_real_shape_is_within_one_bf16_step_of_the_exact_product(bits: int) -> None:
-    n, k, per = 6144, 4096, 32 // bits
-    gen = torch.Generator(device="cuda").manual_seed(28)
-    qweight = torch.randint(-2**31, 2**31 - 1, (k // per, n), dtype=torch.int32, device="cuda", generator=gen)
-    qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // per), dtype=torch.int32, device="cuda", generator=gen)
-    scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.01).half()
-    g_idx = torch.randperm(k, device="cuda", generator=gen).to(torch.int32) // 128  # act order
-    x = seeded_randn(1, k, dtype=torch.bfloat16, seed=29)
-    weight = gptq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, g_idx, bits)
-    _assert_sum_order_close(gptq_gemv(x, qweight, qzeros, scales, g_idx, bits), x, weight.t(), None, False)
-    in_order = torch.arange(k, device="cuda", dtype=torch.int32) // 128  # the grouped steps
-    weight = gptq_gemv_ref(torch.eye(k, dtype=torch.float32, device="cuda"), qweight, qzeros, scales, in_order, bits)
-    _assert_sum_order_close(gptq_gemv(x, qweight, qzeros, scales, in_order, bits, group_size=128), x, weight.t(),
+    assert_sum_order_close(fp8_gemv(x, codes, scale, block), x, _dequantized(codes, scale, block, torch.float32),
                             None, False)

@@ -85,7 +85,7 @@ def test_gpu_awq_rows_at_a_real_shape_match_the_product_of_the_dequantized_weigh
     qweight = torch.randint(-2**31, 2**31 - 1, (k, n // 8), dtype=torch.int32, device="cuda", generator=gen)
     qzeros = torch.randint(-2**31, 2**31 - 1, (k // 128, n // 8), dtype=torch.int32, device="cuda", generator=gen)
     scales = (torch.rand(k // 128, n, device="cuda", generator=gen) * 0.01).half()
-    from governor.kernels.gemv import awq_gemv_ref
+    from governor.kernels.packed_gemv import awq_gemv_ref
 
     weight = awq_gemv_ref(torch.eye(k, device="cuda"), qweight, qzeros, scales, 128).t()  # exact, [N, K]
     x = seeded_randn(rows, k, dtype=torch.bfloat16, seed=52)

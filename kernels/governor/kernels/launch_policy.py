@@ -101,9 +101,9 @@ class LaunchPolicy:
     # The fp8 GEMV's tile: a byte a weight, so twice the columns a step for the same bytes, and 8 rows. On an H200,
     # per llama3-8b layer 66.1 us against 70.3 with the 16-bit tile (down alone: 20.3 against 17.9 us with 4 rows).
     fp8_gemv: GemvConfig = GemvConfig(block_n=8, block_k=4096, num_warps=4)  # noqa: RUF009
-    # Whether AWQ's and GPTQ's grouped one-row products split K (`gemv._packed_split_kernel`): on an H200 a llama3-8b
-    # layer (qkv + o + gate_up + down, int4 in groups of 128) took 91.0 us split against 290.8 unsplit in GPTQ's
-    # layout (which AWQ is repacked into at load), 131.3 against 2,328 in AWQ's own (docs/design/gemv.md).
+    # Whether AWQ's and GPTQ's grouped one-row products split K (`packed_gemv._packed_split_kernel`): on an H200 a
+    # llama3-8b layer (qkv + o + gate_up + down, int4 in groups of 128) took 91.0 us split against 290.8 unsplit in
+    # GPTQ's layout (which AWQ is repacked into at load), 131.3 against 2,328 in AWQ's own (docs/design/gemv.md).
     packed_split: bool = True
     # Output features a split program takes (256: one KB of GPTQ words a packed row; 32 AWQ words a K row): best of
     # 64, 128 and 256 over the layer in both layouts.

@@ -1,5 +1,5 @@
 """Matrix products of several rows over AWQ's and GPTQ's packed integer weights: out = x @ W.T (+ bias), x [M, K],
-W dequantized from the packed tensors inside the kernel (layouts: kernels/gemv.py, models/quantization.py).
+W dequantized from the packed tensors inside the kernel (layouts: kernels/packed_gemv.py, models/quantization.py).
 
 Without it a step of several rows rebuilds the whole weight in the activation dtype and multiplies that (the
 reference path: per weight, half a byte read, two written and two read again); here each program reads the packed
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from governor.kernels.elementwise import INTERPRET, round_to, triton_usable
-from governor.kernels.gemv import packed_codes, packed_zeros
+from governor.kernels.packed_gemv import packed_codes, packed_zeros
 
 PACKED_GEMM_MAX_ROWS = 64  # the rows a step may have for `QuantizedLinear` to take `packed_gemm` (see above)
 _BLOCK_M, _BLOCK_N, _BLOCK_K = 16, 64, 32  # a first tile, not yet measured on a GPU

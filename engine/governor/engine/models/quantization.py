@@ -75,9 +75,10 @@ from governor.engine.models.model_config import UnsupportedModelError, WeightQua
 from governor.kernels.elementwise import triton_usable
 from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_usable
 from governor.kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
-from governor.kernels.gemv import awq_gemv, fp8_gemv, fp8_gemv_usable, gptq_gemv, packed_gemv_usable
+from governor.kernels.gemv import fp8_gemv, fp8_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
 from governor.kernels.packed_gemm import packed_gemm, packed_gemm_usable
+from governor.kernels.packed_gemv import awq_gemv, gptq_gemv, packed_gemv_usable
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
 PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
@@ -228,7 +229,7 @@ class QuantizedLinear(nn.Module):
         self.g_idx.data.copy_(torch.arange(in_features, device=device) // self.group_size)
         self._g_idx_required = quant.method == "gptq" and quant.desc_act
         # Groups of group_size consecutive features, numbered from 0 on this rank (checked when g_idx loads): the
-        # GEMV then applies a group's zero points and scales once per step (kernels/gemv.py).
+        # GEMV then applies a group's zero points and scales once per step (kernels/packed_gemv.py).
         self.groups_in_order = not self.replicated_groups
         # Whether the codes are packed along the input features (GPTQ's layout; AWQ's after `repack`).
         self.codes_along_k = self.method == "gptq"
