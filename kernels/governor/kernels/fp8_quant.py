@@ -117,7 +117,8 @@ def _launch(x: torch.Tensor, group: int, out: torch.Tensor) -> torch.Tensor:
     scales = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows:
         # A group of thousands of features is one program's serial loop: 16 warps took a one-row quantization of
-        # 4,096 features from 3.6 to 2.1 us on an H200, of 14,336 from 10.3 to 4.0 (scripts/quantized-gemv-sweep.py).
+        # 4,096 features from 3.6 to 2.1 us on an H200, of 14,336 from 10.3 to 4.0 (docs/design/gemv.md; the sweep,
+        # scripts/quantized-gemv-sweep.py, times the launch as shipped).
         _fp8_quantize_kernel[(rows, groups)](x, out, scales, x.stride(0), K=k, G=g, GROUPS=groups,
                                              BLOCK=min(triton.next_power_of_2(g), _BLOCK_MAX),
                                              VALUES=out.dtype != torch.uint8, num_warps=16 if g >= 2048 else 4)

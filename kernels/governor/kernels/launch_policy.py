@@ -111,9 +111,9 @@ class LaunchPolicy:
     # Most input features a split program takes: 256 was best over the layer, 128 within 0.2 us, 512 6.3 us slower.
     packed_split_chunk: int = 256
     # Whether the split kernel launches under programmatic dependent launch where `step_pdl` has it. Its programs
-    # wait before their first read, so launching early only holds SM slots. A sweep kernel without PDL (which also
-    # added its partials in a loop) took 75.7 us a layer against the shipped 91.0; the sweep's "no PDL" variant
-    # measures this field alone. Not yet measured.
+    # wait before their first read, so launching early only holds SM slots. An exploratory kernel without PDL (which
+    # also added its partials in a loop; not kept) took 75.7 us a layer against the shipped 91.0; the sweep's "no
+    # PDL" variant measures this field alone. Not yet measured.
     packed_split_pdl: bool = True
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.
