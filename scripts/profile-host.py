@@ -15,7 +15,8 @@ milliseconds per step() call of each phase as JSON:
   on CUDA only the kernel launches, or the graph replay)
 - gpu_wait (CUDA): the host blocked on the GPU for a step's tokens; measured by synchronizing at the start of
   _sample (one step at a time) or _complete (async scheduling), where their own wait would otherwise be
-- sample: the rest of _sample (sampling kernels, their sync, logprobs)
+- propose (speculative decoding): SpeculativeDecoding.propose, the drafts of the step (a draft model's forwards)
+- sample: the rest of _sample (sampling kernels, their sync, logprobs; a speculative step's verification)
 - complete: the rest of _complete (async scheduling: appending the tokens read, stop checks, events)
 - postprocess: the rest of step (settling blocks, appending tokens, stop checks, events; the argmax launch
   and token copy of async scheduling)
@@ -25,8 +26,9 @@ milliseconds per step() call of each phase as JSON:
   upload -- the time the GPU waits for the host. With async scheduling the next step is queued before the
   running one ends, so the idle time is what is left of the host's lag.
 
-Beside the medians, `decode` sums the timed steps: wall time, step mean/p90/p99/max, GPU busy and idle
-totals, and the time the garbage collector ran (gc.callbacks) with its count of full (generation 2) runs.
+With speculative decoding, `decode.spec` holds the acceptance counters and the phase medians of the steps that
+verified drafts alone. Beside the medians, `decode` sums the timed steps: wall time, step mean/p90/p99/max, GPU
+busy and idle totals, and the time the garbage collector ran (gc.callbacks) with its count of full (generation 2) runs.
 `--gc-freeze` calls gc.freeze() after the warm-up, moving every object alive then out of the collector's
 reach, as a server would after start-up.
 """
@@ -51,6 +53,8 @@ from governor.engine.bench.throughput import step_until_every_request_decodes
 
 
 def _value(v: str) -> object:
+    if v.startswith("{"):  # a JSON object, e.g. speculative_config={"method": "ngram", "num_speculative_tokens": 2}
+        return json.loads(v)
     if v.lower() in ("true", "false"):
         return v.lower() == "true"
     for cast in (int, float):
@@ -130,6 +134,8 @@ def main() -> None:
     sched.schedule_continuation = timer.wrap("schedule", sched.schedule_continuation)  # type: ignore[method-assign]
     runner.stage = timer.wrap("stage", runner.stage)  # type: ignore[method-assign]
     eng.executor.execute = timer.wrap("execute", inner_execute)  # type: ignore[method-assign]
+    if eng.spec is not None:
+        eng.spec.propose = timer.wrap("propose", eng.spec.propose)  # type: ignore[method-assign]
 
     # CUDA: an event when the step's GPU work starts (its first upload, after staging) and one when its
     # sampling is done; the gap from one step's end to the next one's start is GPU idle time.
@@ -192,10 +198,13 @@ def main() -> None:
     step_ms: list[float] = []
     gc.callbacks.append(on_gc)
     decode_t0 = time.perf_counter()
+    verified: list[bool] = []  # per step: whether it verified drafts
     while eng.has_unfinished_requests():
+        before = eng.spec.counters["spec_verification_steps"] if eng.spec is not None else 0
         t0 = time.perf_counter()
         eng.step()
         step_ms.append((time.perf_counter() - t0) * 1e3)
+        verified.append(eng.spec is not None and eng.spec.counters["spec_verification_steps"] > before)
         timer.steps.append(dict(timer.current))
         timer.current.clear()
     sync()
@@ -208,11 +217,12 @@ def main() -> None:
         launch = ms.get("execute", 0.0) - ms.get("stage", 0.0)
         waited = ms.get("gpu_wait", 0.0)
         in_sample = waited if "_sample" in ms else 0.0
-        row = {"schedule": ms.get("schedule", 0.0), "stage": ms.get("stage", 0.0), "launch": launch,
+        row = {"schedule": ms.get("schedule", 0.0), "propose": ms.get("propose", 0.0), "stage": ms.get("stage", 0.0),
+               "launch": launch,
                "sample": ms.get("_sample", 0.0) - in_sample,
                "complete": ms.get("_complete", 0.0) - (waited - in_sample),
-               "postprocess": total - ms.get("schedule", 0.0) - ms.get("execute", 0.0) - ms.get("_sample", 0.0)
-               - ms.get("_complete", 0.0), "step": total}
+               "postprocess": total - ms.get("schedule", 0.0) - ms.get("propose", 0.0) - ms.get("execute", 0.0)
+               - ms.get("_sample", 0.0) - ms.get("_complete", 0.0), "step": total}
         if cuda:
             row["gpu_wait"] = waited
         rows.append(row)
@@ -230,6 +240,12 @@ def main() -> None:
     if gpu:
         decode["gpu_busy_s"] = round(sum(g["gpu_busy"] for g in gpu) / 1e3, 4)
         decode["gpu_idle_s"] = round(sum(g.get("gpu_idle", 0.0) for g in gpu) / 1e3, 4)
+    if eng.spec is not None:
+        decode["spec"] = {k: v for k, v in eng.spec.stats().items() if not isinstance(v, list)}
+        spec_rows = [r for r, v in zip(rows, verified, strict=True) if v]
+        if spec_rows:  # the steps that verified drafts alone (host phases only: GPU events are not per kind)
+            decode["spec"]["median_ms_of_verification_steps"] = {
+                k: round(statistics.median(r[k] for r in spec_rows), 4) for k in spec_rows[0]}
     report = {"device": str(eng.device), "batch": a.batch, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
               "cuda_graphs": runner.graphs is not None, "async_scheduling": eng.config.async_scheduling,
               "gc_freeze": a.gc_freeze, "timed_steps": len(rows), "gpu_steps": len(gpu), "median_ms": medians,
