@@ -221,14 +221,17 @@ def test_gpu_verification_graphs_give_the_eager_tokens_fp32(hf_checkpoint) -> No
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.usefixtures("_no_tf32")
-def test_gpu_draft_model_graphs_give_the_eager_tokens_fp32(hf_checkpoint, tmp_path) -> None:
+@pytest.mark.parametrize("draft_kind", ["target", "other"])
+def test_gpu_draft_model_graphs_give_the_eager_tokens_fp32(hf_checkpoint, tmp_path, draft_kind) -> None:
     """A draft model's rounds replay its own decode graphs (fed from the round before on the device) and its
-    catch-ups its graphs of up to K + 1 tokens a sequence; tokens equal eager's, K changed live included."""
+    catch-ups its graphs of up to K + 1 tokens a sequence; tokens equal eager's, K changed live included. The target
+    as its own draft has its drafts accepted; another random model has nearly all of them rejected."""
     from tests.conftest import build_hf_checkpoint
 
-    draft = build_hf_checkpoint(tmp_path / "draft", "qwen3", seed=1)
+    target = hf_checkpoint("qwen3")
+    draft = target if draft_kind == "target" else build_hf_checkpoint(tmp_path / "draft", "qwen3", seed=1)
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
-    graphs, eager = _gpu_pair(hf_checkpoint("qwen3"), dtype="float32", max_num_seqs=8, speculative_config=spec)
+    graphs, eager = _gpu_pair(target, dtype="float32", max_num_seqs=8, speculative_config=spec)
     prompts = mixed_prompts(6, seed=44, hi=24)
     change = (5, {"num_speculative_tokens": 2})
     assert run(graphs, prompts, 20, knob_change=change) == run(eager, prompts, 20, knob_change=change)
@@ -236,7 +239,10 @@ def test_gpu_draft_model_graphs_give_the_eager_tokens_fp32(hf_checkpoint, tmp_pa
     draft_graphs = graphs.engine.spec.proposer.runner.graphs  # type: ignore[attr-defined]
     assert draft_graphs is not None and draft_graphs.num_replays > 0
     assert eager.engine.spec.proposer.runner.graphs is None  # type: ignore[attr-defined]
-    assert graphs.stats()["spec_accepted_tokens"] > 0
+    stats = graphs.stats()
+    if draft_kind == "target":  # nearly every draft is accepted (a near-tie may flip between batch shapes)
+        assert stats["spec_accepted_tokens"] >= 0.9 * stats["spec_proposed_tokens"] > 0
+    assert stats["spec_accepted_tokens"] == eager.stats()["spec_accepted_tokens"]
 
 
 @pytest.mark.gpu
