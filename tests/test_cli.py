@@ -140,3 +140,58 @@ def test_bench_spec_sweeps_k_per_batch_and_reports_acceptance(tiny_model: Path, 
             assert r["theoretical_speedup"] == pytest.approx(want)
             assert r["fraction_of_theory"] == pytest.approx(r["speedup"] / r["theoretical_speedup"])
     assert all(r["speedup"] == 1.0 for r in rows if r["k"] == 0)
+
+
+def test_bench_spec_sets_a_separate_drafts_acceptance(tiny_model: Path, tmp_path: Path) -> None:
+    """A draft model of its own (another random model, which agrees with the target on next to nothing) under
+    controlled acceptance: at 1 every draft is accepted, at 0 none is; its forwards still run, so its cost ratio is
+    measured."""
+    draft = tmp_path / "draft"
+    assert governor_main(["make-model", str(draft), "--arch", "llama", "--preset", "tiny", "--dtype", "float32",
+                          "--seed", "7"]) == 0
+    out = tmp_path / "spec.json"
+    proc = run("bench", "spec", "--model", str(tiny_model), "--batches", "1,2", "--ks", "2", "--input-len", "8",
+               "--output-len", "8", "--perturb-sigma", "", "--no-equal-draft", "--draft-model", str(draft),
+               "--draft-acceptance", "0,1", "--dtype", "float32", "--output-json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["result"]["rows"]
+    assert [(r["variant"], r["batch"], r["k"]) for r in rows] == [
+        (f"draft=draft alpha={a}", b, k) for a in (0.0, 1.0) for b in (1, 2) for k in (0, 2)]
+    spec = [r for r in rows if r["k"] == 2]
+    assert [(r["controlled_acceptance"], r["alpha"]) for r in spec] == [(0.0, 0.0), (0.0, 0.0), (1.0, 1.0), (1.0, 1.0)]
+    assert all(r["tokens_per_step"] == 1.0 for r in spec if r["alpha"] == 0.0)
+    assert all(r["tokens_per_step"] > 2.0 for r in spec if r["alpha"] == 1.0)  # 3 a step but where a request ends
+    assert all(r["draft_cost_ratio"] > 0 for r in rows)
+
+
+def test_controlled_acceptance_accepts_each_draft_with_its_probability_then_takes_the_targets_token() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from governor.engine.bench.spec import ControlledAcceptance
+
+    greedy = SimpleNamespace(greedy=True, logprobs=None)
+    spec = SimpleNamespace(verify=lambda *a: pytest.fail("the engine's own verification is not called"))
+    control = ControlledAcceptance(spec, 0.5, seed=3)
+    assert spec.verify == control.verify
+    # Two sequences: one with drafts [7, 8] (rows 0-2), one without (row 3). Row r's argmax is 10 + r.
+    logits = torch.zeros(4, 20)
+    logits[torch.arange(4), torch.arange(4) + 10] = 1.0
+    sampling = [SimpleNamespace(seq=SimpleNamespace(params=greedy), draft_tokens=[7, 8]),
+                SimpleNamespace(seq=SimpleNamespace(params=greedy), draft_tokens=[])]
+    counts = [0, 0, 0]
+    for _ in range(4000):
+        (tokens, lps), (plain, _) = control.verify(sampling, logits, {}, torch.Generator())
+        accepted = len(tokens) - 1
+        assert tokens == [*[7, 8][:accepted], 10 + accepted] and lps == [None] * len(tokens)
+        assert plain == [13]  # no drafts: the row's argmax
+        counts[accepted] += 1
+    # 0, 1, 2 accepted with probability 1/2, 1/4, 1/4: 2000 / 1000 / 1000 expected (sd 32 / 27 / 27).
+    assert 1870 <= counts[0] <= 2130 and 880 <= counts[1] <= 1120 and 880 <= counts[2] <= 1120
+    sampled = [SimpleNamespace(seq=SimpleNamespace(params=SimpleNamespace(greedy=False, logprobs=None)),
+                               draft_tokens=[7])]
+    with pytest.raises(ValueError, match="greedy"):
+        control.verify(sampled, logits[:2], {}, torch.Generator())
+    with pytest.raises(ValueError, match="within"):
+        ControlledAcceptance(SimpleNamespace(verify=None), 1.5)

@@ -61,7 +61,7 @@ def test_transformers_loads_tiny_model_with_exactly_the_expected_tensors(
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("preset", ["qwen3-0.6b", "llama3-8b", "llama3-70b"])
+@pytest.mark.parametrize("preset", ["qwen3-0.6b", "llama3.2-1b", "llama3-8b", "llama3-70b"])
 def test_big_preset_tensor_shapes_match_transformers_model(arch: str, preset: str) -> None:
     # Built on the meta device: real shapes, no memory, no weights written.
     config = preset_config(arch, preset, tb.VOCAB_SIZE)

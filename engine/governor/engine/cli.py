@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     mm = sub.add_parser("make-model", help="write a random-weight Hugging Face checkpoint")
     mm.add_argument("dir")
     mm.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3"))
-    mm.add_argument("--preset", default="tiny", choices=("tiny", "small", "qwen3-0.6b", "llama3-8b", "llama3-70b"))
+    mm.add_argument("--preset", default="tiny",
+                    choices=("tiny", "small", "qwen3-0.6b", "llama3.2-1b", "llama3-8b", "llama3-70b"))
     mm.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     mm.add_argument("--seed", type=int, default=0)
     mm.add_argument("--device", default="cpu", help="where weights are generated (cuda is faster for big presets)")
@@ -165,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--perturb-sigma", default="0.3", help="comma-separated noise levels for perturbed drafts")
     sp.add_argument("--no-equal-draft", action="store_true", help="skip the draft-equal-to-target variant")
     sp.add_argument("--ngram", action="store_true", help="also sweep the n-gram proposer")
+    sp.add_argument("--draft-model", default=None,
+                    help="a cheaper draft model sharing the target's vocabulary (e.g. make-model --preset llama3.2-1b)")
+    sp.add_argument("--draft-acceptance", default="",
+                    help="comma-separated acceptance rates the benchmark sets for --draft-model's proposals (the draft "
+                         "and the verification run as usual; each draft is accepted with this probability, in "
+                         "order, and the step emits the target's token after the accepted ones); empty: the "
+                         "target's own decisions")
     sp.add_argument("--batches", default="1,8,64")
     sp.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     sp.add_argument("--input-len", type=int, default=32)
@@ -303,6 +311,16 @@ def _run(args: argparse.Namespace) -> int:
             variants[f"draft=target+noise({sigma})"] = {"method": "draft_model", "model": draft}
         if args.ngram:
             variants["ngram"] = {"method": "ngram"}
+        if args.draft_model:
+            name = args.draft_model.rstrip("/").rsplit("/", 1)[-1]
+            rates = [float(x) for x in args.draft_acceptance.split(",") if x]
+            for alpha in rates:
+                variants[f"draft={name} alpha={alpha}"] = {"method": "draft_model", "model": args.draft_model,
+                                                           "controlled_acceptance": alpha}
+            if not rates:
+                variants[f"draft={name}"] = {"method": "draft_model", "model": args.draft_model}
+        elif args.draft_acceptance:
+            raise SystemExit("--draft-acceptance needs --draft-model")
         result = bench_spec.bench_spec(args.model, _engine_args(args), variants,
                                        [int(b) for b in args.batches.split(",")], [int(k) for k in args.ks.split(",")],
                                        args.input_len, args.output_len)

@@ -1,7 +1,8 @@
 """`governor bench spec`: speculative decoding speedup over plain decoding, by batch size and K.
 
 For each draft variant (the target itself as draft: acceptance ~1; a noise-perturbed copy: lower
-acceptance; n-gram lookup: free drafts), one engine is started and K is swept through the live knob.
+acceptance; n-gram lookup: free drafts; a separate, cheaper draft model whose acceptance the benchmark sets), one
+engine is started and K is swept through the live knob.
 Each point reports decode tokens/s, the speedup over K=0 at the same batch, the measured acceptance
 rate alpha, and the tokens per verification step against (1 - alpha^(K+1)) / (1 - alpha). It also reports the
 draft's cost ratio c (a draft step's time over a target step's: the target's plain decoding rate over the draft
@@ -47,6 +48,46 @@ def perturbed_copy(src: str, dst: str, sigma: float, seed: int = 0) -> str:
     return str(out)
 
 
+class ControlledAcceptance:
+    """A draft model's speculation with the acceptance rate set by the benchmark, for a draft and a target with random
+    weights, which agree on next to nothing. Everything runs as it would: the draft model's forwards propose its own
+    tokens and the target verifies them in one forward, so every step costs what it costs. Only the decision is
+    the benchmark's: each draft of a step is accepted with probability `alpha`, in order, until the first rejection,
+    and the step then emits the target's own argmax at that position (the row of its logits that follows the accepted
+    drafts). The output is therefore not the target's greedy output; it is consistent with the KV both models keep
+    (the accepted drafts are the tokens they computed). Greedy requests without logprobs only: the decision reads one
+    argmax a row, as greedy verification does, once a step.
+
+    A reference continuation cannot serve instead: a random-weight model in bf16 flips near-tied argmaxes between
+    batch shapes (a one-row GEMV against a several-row GEMM), so a recorded greedy output parts from what a
+    verification computes within a few tokens."""
+
+    def __init__(self, spec: Any, alpha: float, seed: int = 0) -> None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"the controlled acceptance must be within [0, 1], got {alpha}")
+        self.alpha = alpha
+        self.rng = random.Random(seed)
+        self._verify = spec.verify
+        spec.verify = self.verify
+
+    def verify(self, sampling: list[Any], logits: torch.Tensor, draft_probs: dict[int, torch.Tensor],
+               generator: torch.Generator) -> list[tuple[list[int], list[Any]]]:
+        if any(not s.seq.params.greedy or s.seq.params.logprobs is not None for s in sampling):
+            raise ValueError("controlled acceptance decides greedy verifications only (no logprobs)")
+        argmax = logits.argmax(dim=1).tolist()  # the one read from the device, as greedy verification makes
+        out: list[tuple[list[int], list[Any]]] = []
+        row = 0
+        for s in sampling:
+            drafts = s.draft_tokens
+            accepted = 0
+            while accepted < len(drafts) and self.rng.random() < self.alpha:
+                accepted += 1
+            tokens = [*drafts[:accepted], argmax[row + accepted]]
+            out.append((tokens, [None] * len(tokens)))
+            row += 1 + len(drafts)
+        return out
+
+
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Tokens a verification step yields when each draft is accepted independently with probability alpha."""
     if alpha >= 1.0:
@@ -77,6 +118,8 @@ def _generation_rate(llm: LLM, batch: int, input_len: int, output_len: int, seed
 
 def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict[str, Any]], batches: list[int],
                ks: list[int], input_len: int, output_len: int) -> dict[str, Any]:
+    """One row per (variant, batch, K). A variant is a speculative_config, or one with "controlled_acceptance": A
+    (a draft model's proposals under `ControlledAcceptance` at alpha A)."""
     rows: list[dict[str, Any]] = []
     k_cap = max(ks)
     draft_rates: dict[str, dict[int, float]] = {}  # draft model -> batch -> its own plain decoding rate
@@ -87,11 +130,14 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
             draft_rates[spec["model"]] = {b: _generation_rate(draft, b, input_len, output_len, seed=b) for b in batches}
             draft.close()
             del draft
-    for name, spec in variants.items():
+    for name, variant in variants.items():
+        spec = {k: v for k, v in variant.items() if k != "controlled_acceptance"}
         llm = LLM(model, **{**engine_args, "speculative_config": {**spec, "num_speculative_tokens": k_cap}})
         eng = llm.engine
         speculation = eng.spec
         assert speculation is not None, "every variant speculates"
+        if "controlled_acceptance" in variant:
+            ControlledAcceptance(speculation, variant["controlled_acceptance"])
         for k in sorted(set([0, *ks])):  # warm-up: kernels for every shape the sweep will use
             eng.update_knobs(num_speculative_tokens=k)
             _generation_rate(llm, 2, input_len, 4, seed=0)
@@ -115,6 +161,7 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                 c = base / draft_rates[spec["model"]][batch] if spec.get("model") and base else 0.0
                 theory = theoretical_speedup(alpha, k, c) if k else 1.0
                 row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,
+                       "controlled_acceptance": variant.get("controlled_acceptance"),
                        "speedup": speedup, "alpha": alpha,
                        "accepted_per_proposed": accepted / proposed if proposed else 0.0,
                        "tokens_per_step": 1 + accepted / steps if steps else 1.0,
@@ -124,7 +171,7 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                 rows.append(row)
                 print(json.dumps(row))
         llm.close()
-        del llm, eng
+        del llm, eng, speculation  # every reference to the engine, so that the next variant has its memory
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     # Where speculation stops paying: per variant, the largest batch at which some K beats K=0.

@@ -25,11 +25,11 @@ from governor.engine.models import tokenizer_builder
 log = logging.getLogger(__name__)
 
 ARCHS = ("llama", "qwen2", "qwen3")
-PRESETS = ("tiny", "small", "qwen3-0.6b", "llama3-8b", "llama3-70b")
+PRESETS = ("tiny", "small", "qwen3-0.6b", "llama3.2-1b", "llama3-8b", "llama3-70b")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 _ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-# Llama 3.1's long-context RoPE, given to arch llama at the llama3-8b and llama3-70b presets.
+# Llama 3.1's long-context RoPE, given to arch llama at the llama3-8b and llama3-70b presets (llama3.2-1b: factor 32).
 _LLAMA3_ROPE_SCALING = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -60,6 +60,8 @@ _PRESETS = {
     "tiny": _Preset(64, 2, 4, 2, 16, 128, 2048, 10000.0, 1e-6, None, None),
     "small": _Preset(256, 4, 8, 2, 32, 512, 4096, 10000.0, 1e-6, None, None),
     "qwen3-0.6b": _Preset(1024, 28, 16, 8, 128, 3072, 40960, 1_000_000.0, 1e-6, 151936, True),
+    # Llama 3.2 1B: llama3's vocabulary at an eighth of llama3-8b's weights, a draft model for it.
+    "llama3.2-1b": _Preset(2048, 16, 32, 8, 64, 8192, 131072, 500_000.0, 1e-5, 128256, True),
     "llama3-8b": _Preset(4096, 32, 32, 8, 128, 14336, 131072, 500_000.0, 1e-5, 128256, False),
     # 140 GB in bf16: meant for config-only directories (weights=False) run with load_format "dummy".
     "llama3-70b": _Preset(8192, 80, 64, 8, 128, 28672, 131072, 500_000.0, 1e-5, 128256, False),
@@ -90,7 +92,11 @@ def preset_config(arch: str, preset: str, vocab_size: int, dtype: str = "bfloat1
     else:
         config_vocab = p.vocab_size
     tie = arch != "llama" if p.tie_word_embeddings is None else p.tie_word_embeddings
-    rope_scaling = _LLAMA3_ROPE_SCALING if arch == "llama" and preset in ("llama3-8b", "llama3-70b") else None
+    rope_scaling = None
+    if arch == "llama" and preset in ("llama3-8b", "llama3-70b"):
+        rope_scaling = _LLAMA3_ROPE_SCALING
+    elif arch == "llama" and preset == "llama3.2-1b":  # Llama 3.2 stretches its RoPE by 32, not 8
+        rope_scaling = {**_LLAMA3_ROPE_SCALING, "factor": 32.0}
     config: dict[str, Any] = {
         "architectures": [_ARCHITECTURE[arch]],
         "model_type": arch,
