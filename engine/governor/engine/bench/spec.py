@@ -67,7 +67,6 @@ class ControlledAcceptance:
             raise ValueError(f"the controlled acceptance must be within [0, 1], got {alpha}")
         self.alpha = alpha
         self.rng = random.Random(seed)
-        self._verify = spec.verify
         spec.verify = self.verify
 
     def verify(self, sampling: list[Any], logits: torch.Tensor, draft_probs: dict[int, torch.Tensor],
