@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quantized weights on one GPU (docs/performance/quantized-weights.md):
 #   bash benchmarks/quantized-weights.sh            or some stages: STAGE="tests governor", STAGE=vllm
+#   (FORMATS="bf16 gptq": the governor stage's formats)
 # Batch-1 decode of the llama3-8b shape at a 512-token context, by weight format. Every side draws random weights
 # on the GPU from a config-only directory (`governor make-model --no-weights [--quantization awq|gptq|fp8]`, and
 # load_format dummy), so nothing big is written or read. Stages:
@@ -20,11 +21,11 @@ if [ "${DRY:-0}" = 1 ]; then
   mkdir -p "$RESULTS_DIR"
   export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1
   PRESET=small DEVICE=(--device cpu --dtype float32) LEN=(--max-model-len 256) LAT=(--context 32 --new-tokens 8)
-  FORMATS="bf16 fp8-online awq gptq"
+  FORMATS=${FORMATS:-bf16 fp8-online awq gptq}
 else
   . benchmarks/lib/env.sh
   PRESET=llama3-8b DEVICE=(--dtype bfloat16) LEN=(--max-model-len 4096) LAT=(--context 512 --new-tokens 128)
-  FORMATS="bf16 fp8-online fp8-block awq gptq"
+  FORMATS=${FORMATS:-bf16 fp8-online fp8-block awq gptq}
 fi
 . benchmarks/lib/stages.sh
 D=/tmp/quant-models/$PRESET

@@ -9,7 +9,8 @@ copy bandwidth (weight, zero-point and scale bytes read).
 Variants: fp8 — `fp8_gemv` over per-feature (quantized at load) and 128 x 128 block scales with the policy's
 `fp8_gemv` tile, the x rounding W8A8 runs before it (`fp8_round`); AWQ — `awq_gemv` on AWQ's own layout, split along
 K or not (`packed_split`), and the layout the engine repacks AWQ into at load (`gptq_gemv` with the zero points as
-stored); GPTQ (4-bit, groups of 128 in order) — `gptq_gemv` split or not, and the split's column block and chunk;
+stored); GPTQ (4-bit, groups of 128 in order) — `gptq_gemv` split or not, and the split's column block, chunk, warps
+and packed rows a K step;
 for AWQ and GPTQ also the policy's split without programmatic dependent launch.
 Each product is timed in a CUDA graph of back-to-back calls over enough weight copies that every call reads from
 HBM, as scripts/gemv-sweep.py does.
@@ -45,10 +46,14 @@ def variants(fmt: str, base: LaunchPolicy, check: bool) -> list[tuple[str, Launc
                                                           (8, 4096, 8), (16, 1024, 4)]
         return [(f"tile {t}", dataclasses.replace(base, fp8_gemv=GemvConfig(*t))) for t in tiles]
     out = [("unsplit", dataclasses.replace(base, packed_split=False))]
-    for block_n in (64, 128, 256):
-        for chunk in (128, 256, 512):
-            out.append((f"split {block_n} x {chunk}", dataclasses.replace(
-                base, packed_split=True, packed_split_block_n=block_n, packed_split_chunk=chunk)))
+    # Column blocks with every warp along the columns (4 or 8 columns a thread), K chunks, packed rows a K step.
+    shapes = [(256, 4, 256, 16), (512, 4, 128, 8)] if check else [
+        (bn, warps, chunk, rows) for bn, warps in ((256, 4), (256, 2), (512, 4), (512, 2), (1024, 8), (1024, 4))
+        for chunk in (128, 256) for rows in (8, 16)]
+    for block_n, warps, chunk, rows in shapes:
+        out.append((f"split {block_n} x {chunk} w{warps} r{rows}", dataclasses.replace(
+            base, packed_split=True, packed_split_block_n=block_n, packed_split_chunk=chunk,
+            packed_split_warps=warps, packed_split_rows=rows)))
     out.append(("split, no PDL", dataclasses.replace(base, packed_split=True, packed_split_pdl=False)))
     return out
 

@@ -102,19 +102,23 @@ class LaunchPolicy:
     # per llama3-8b layer 66.1 us against 70.3 with the 16-bit tile (down alone: 20.3 against 17.9 us with 4 rows).
     fp8_gemv: GemvConfig = GemvConfig(block_n=8, block_k=4096, num_warps=4)  # noqa: RUF009
     # Whether AWQ's and GPTQ's grouped one-row products split K (`packed_gemv._packed_split_kernel`): on an H200 a
-    # llama3-8b layer (qkv + o + gate_up + down, int4 in groups of 128) took 91.0 us split against 290.8 unsplit in
+    # llama3-8b layer (qkv + o + gate_up + down, int4 in groups of 128) took 72.2 us split against 290.8 unsplit in
     # GPTQ's layout (which AWQ is repacked into at load), 131.3 against 2,328 in AWQ's own (docs/design/gemv.md).
     packed_split: bool = True
-    # Output features a split program takes (256: one KB of GPTQ words a packed row; 32 AWQ words a K row): best of
-    # 64, 128 and 256 over the layer in both layouts.
+    # The split's tile: output features a program takes, most input features (chunk), most packed rows (int32 words a
+    # column) a K step takes in GPTQ's layout (16: 128 inputs of 4 bits, 64 of 8), and warps. Of 256/512/1,024
+    # columns on 2/4/8 warps (every warp along the columns), chunks of 128/256 and steps of 8/16 rows, 256 x 128 on 2
+    # warps with 16-row steps was best over the layer (72.2 us, one K step a program; 256 x 256 on 4 warps, the tile
+    # before, 86.4). gate_up alone is 2 us faster on 1,024 x 256 with 4 warps.
     packed_split_block_n: int = 256
-    # Most input features a split program takes: 256 was best over the layer, 128 within 0.2 us, 512 6.3 us slower.
-    packed_split_chunk: int = 256
+    packed_split_chunk: int = 128
+    packed_split_rows: int = 16
+    packed_split_warps: int = 2
     # Whether the split kernel launches under programmatic dependent launch where `step_pdl` has it. Its programs
     # wait before their first read, so launching early only holds SM slots. An exploratory kernel without PDL (which
     # also added its partials in a loop; not kept) took 75.7 us a layer against the shipped 91.0; the sweep's "no
-    # PDL" variant, this field alone, took 90.2 against 91.0 (H200): 0.2 us a product, so left on until an end-to-end
-    # run says otherwise.
+    # PDL" variant, this field alone, took 90.2 against 91.0 (H200), and 85.5 against 86.4 with the kernel of today
+    # on the tile before: 0.2 us a product, so left on until an end-to-end run says otherwise.
     packed_split_pdl: bool = True
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.

@@ -160,8 +160,16 @@ def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
 # per block, atomic) adds the partials in one fixed order and writes the output, so results do not depend on which
 # split finished first, and resets the counter to zero for the next launch.
 #
-# A code becomes a float32 without a conversion instruction: (code | 0x4B000000) is the float 2^23 + code, and
-# subtracting 2^23 + z gives code - z exactly; each step adds s * sum((q - z) * x) over its group.
+# GPTQ's layout: a code becomes a float32 without a conversion or a shift. Masked in place, the code at bits
+# j * BITS.. of a word (j < PER / 2; the word's upper half is shifted down once for the rest) is, read as a float32,
+# the subnormal code * 2^(j * BITS - 149), exactly; the FFMA with x * 2^(85 - j * BITS) (also exact) adds
+# code * x * 2^-64, which a step scales back by 2^64 and corrects by the zero point, s * (2^64 * sum(code * x * 2^-64)
+# - z * sum(x)). A code costs one AND and one FFMA (the kernel before took a shift, a mask, an OR with the exponent
+# of 2^23, a subtraction and an FFMA): the products are bound by instruction issue, not bytes, at these sizes.
+# Subnormal operands are exact in FFMA (Triton compiles without flush-to-zero). Range: |x| below 2^43 (x * 2^85
+# stays finite) and products above 2^-126 * 2^64 stay normal, far outside what activations hold.
+# AWQ's own layout: (code | 0x4B000000) is the float 2^23 + code, and subtracting 2^23 + z gives code - z exactly;
+# each step adds s * sum((q - z) * x) over its group.
 
 
 @triton.jit
@@ -177,10 +185,13 @@ def _split_k_finish(partial, ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, n, SPL
         arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel")
         total = tl.zeros(partial.shape, tl.float32)
         if arrived == SPLITS - 1:  # the last split: every partial is in the workspace
-            splits = tl.arange(0, SPLITS_P2)
-            parts = tl.load(ws_ptr + splits[:, None] * n + offs[None, :],
-                            mask=(splits < SPLITS)[:, None] & mask[None, :], other=0.0, cache_modifier=".cg")
-            total = tl.sum(parts, axis=0)
+            # Eight splits' partials at a time (a program of 1,024 columns would hold 16 x 1,024 at once).
+            ROWS: tl.constexpr = 8 if SPLITS_P2 > 8 else SPLITS_P2
+            for first in tl.static_range(0, SPLITS_P2, ROWS):
+                splits = first + tl.arange(0, ROWS)
+                parts = tl.load(ws_ptr + splits[:, None] * n + offs[None, :],
+                                mask=(splits < SPLITS)[:, None] & mask[None, :], other=0.0, cache_modifier=".cg")
+                total += tl.sum(parts, axis=0)
             tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
     if HAS_BIAS:
         total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -205,6 +216,7 @@ def _packed_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_ptr, o
         gdc_launch_dependents()
         gdc_wait()  # before any read: the workspace counters are shared with the kernel before
     if GPTQ:
+        HALF: tl.constexpr = PER // 2
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = cols < n
         rr = tl.arange(0, BLOCK_K // PER)
@@ -214,14 +226,18 @@ def _packed_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_ptr, o
             rows = k0 // PER + rr
             words = tl.load(qw_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], mask=n_mask[None, :], other=0)
             group = k0 // GROUP
-            z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, True, ZERO_OFFSET).to(tl.float32) + 8388608.0
+            z = packed_zeros(qz_ptr, group, cols, n, n_mask, BITS, True, ZERO_OFFSET).to(tl.float32)
             s = tl.load(s_ptr + group * n + cols, mask=n_mask, other=0.0).to(tl.float32)
             acc = tl.zeros([BLOCK_K // PER, BLOCK_N], tl.float32)
-            for i in tl.static_range(PER):
-                q = (((words >> (i * BITS)) & MASK) | 0x4B000000).to(tl.float32, bitcast=True)
-                x = tl.load(x_ptr + rows * PER + i).to(tl.float32)
-                acc += (q - z[None, :]) * x[:, None]
-            out += s * tl.sum(acc, axis=0)
+            x_sum = tl.zeros([BLOCK_K // PER], tl.float32)
+            for h in tl.static_range(2):
+                w = words.to(tl.uint32, bitcast=True) >> (16 * h)
+                for j in tl.static_range(HALF):
+                    q = (w & (MASK << (j * BITS))).to(tl.float32, bitcast=True)  # code * 2^(j * BITS - 149)
+                    x = tl.load(x_ptr + rows * PER + (h * HALF + j)).to(tl.float32)
+                    x_sum += x
+                    acc += q * (x * (2.0 ** (85 - j * BITS)))[:, None]
+            out += s * (tl.sum(acc, axis=0) * 18446744073709551616.0 - z * tl.sum(x_sum, axis=0))  # 2^64
     else:
         packs_n = n // 8
         packs = tl.program_id(0) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
@@ -251,16 +267,17 @@ _SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED_COUNTERS: list[torch.Tensor] = []  # outgrown buffers, kept: captured CUDA graphs may still point at them
 
 
-def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk: int = 256
+def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk: int = 256, max_rows: int = 16
                        ) -> tuple[int, int] | None:
     """(K step, chunk) of the split kernel over K inputs in groups of `group_size` consecutive features, or None
-    where it does not apply: the step is the largest power of two up to 16 words a column (GPTQ; 64 for AWQ, whose
-    step unpacks [step, 32, 8] codes) that divides the group and holds whole words, the chunk the step doubled while
-    it stays within `max_chunk` (the policy's `packed_split_chunk`) and divides K."""
+    where it does not apply: the step is the largest power of two up to `max_rows` words a column (GPTQ, the policy's
+    `packed_split_rows`; 64 inputs for AWQ, whose step unpacks [step, 32, 8] codes) that divides the group and holds
+    whole words, the chunk the step doubled while it stays within `max_chunk` (the policy's `packed_split_chunk`) and
+    divides K."""
     per = 32 // bits
     if group_size <= 0 or k % group_size:
         return None
-    step = 16 * per if gptq else 64  # GPTQ: 16 packed rows a step
+    step = (1 << (max_rows.bit_length() - 1)) * per if gptq else 64
     while step >= 8 and group_size % step:
         step //= 2
     if step < 8 or step % per:
@@ -316,8 +333,8 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
     `_packed_gemv_kernel` with the fixed PACKED_BLOCK_N by `packed_k_step`."""
     policy = policy or policy_for(x.device)
     pdl, out = one_row_output(name, x, bias, n, policy)
-    split = packed_split_shape(k, group_size, bits, g_idx is not None, policy.packed_split_chunk) \
-        if in_order and policy.packed_split else None
+    split = packed_split_shape(k, group_size, bits, g_idx is not None, policy.packed_split_chunk,
+                               policy.packed_split_rows) if in_order and policy.packed_split else None
     if split is not None:
         step, chunk = split
         splits = k // chunk
@@ -329,7 +346,7 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
             x, qweight, qzeros, scales, out if bias is None else bias, ws, _split_counters(x.device, blocks), out, n,
             K=k, GROUP=group_size, BITS=bits, GPTQ=g_idx is not None, BLOCK_N=block_n, BLOCK_K=step,
             CHUNK=chunk, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), ZERO_OFFSET=zero_offset,
-            HAS_BIAS=bias is not None, PDL=pdl, num_warps=4, **pdl_launch(pdl),
+            HAS_BIAS=bias is not None, PDL=pdl, num_warps=policy.packed_split_warps, **pdl_launch(pdl),
         )  # fmt: skip
         return out
     block_k, grouped = packed_k_step(k, group_size, in_order)
