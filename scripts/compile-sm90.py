@@ -4,16 +4,26 @@ show (a kernel that Triton cannot lower for the GPU) shows here; whether the cub
 the GPU tests.
 
     env -u TRITON_INTERPRET python3 scripts/compile-sm90.py      (PYTHONPATH=engine:kernels:operator)
+    env -u TRITON_INTERPRET python3 scripts/compile-sm90.py --sass "packed_split gptq=True bits=4"
 
-Prints one line per kernel and configuration; exits 1 if any fails to compile. The configurations are the shapes
-of the llama3-8b layers the engine launches them with (K 4,096 or 14,336; AWQ/GPTQ groups of 128; fp8 blocks of
-128 x 128 and per row), in bf16, plus the float32 variants the tests use.
+Prints one line per kernel and configuration; exits 1 if any fails to compile. `--sass TEXT`: the configurations
+whose name holds TEXT, compiled as the JIT compiles them for 16-byte-aligned tensors and sizes (pointers and `n`
+divisible by 16), and for each its registers and SASS instructions by opcode, the whole kernel's and every loop
+body's (cuobjdump from the triton wheel): what a kernel issues per weight, without a GPU profiler. The
+configurations are the shapes of the llama3-8b layers the engine launches them with (K 4,096 or 14,336; AWQ/GPTQ
+groups of 128; fp8 blocks of 128 x 128 and per row; the split GEMV with the launch policy's tile), in bf16, plus the
+float32 variants the tests use.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import os
+import re
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import triton
@@ -26,9 +36,9 @@ from governor.kernels.launch_policy import LaunchPolicy
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
-    """(name, kernel, signature, constexprs) for every configuration compiled."""
-    out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
+def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
+    """(name, kernel, signature, constexprs, warps) for every configuration compiled."""
+    out: list[tuple[str, Any, dict[str, str], dict[str, Any], int]] = []
 
     def constexprs(names: str, **values: Any) -> tuple[dict[str, str], dict[str, Any]]:
         return {n: "constexpr" for n in names.split()}, values
@@ -38,7 +48,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         sig, consts = constexprs("K G GROUPS BLOCK VALUES", K=k, G=g or k, GROUPS=k // (g or k),
                                  BLOCK=min(g or k, 1024), VALUES=values)
         out.append((f"fp8_quantize x={x} out={out_t} group={g}", fp8_quant._fp8_quantize_kernel,
-                    {"x_ptr": x, "out_ptr": out_t, "scales_ptr": "*fp32", "stride_x": "i32", **sig}, consts))
+                    {"x_ptr": x, "out_ptr": out_t, "scales_ptr": "*fp32", "stride_x": "i32", **sig}, consts, 4))
     for x, scale, even in (("*bf16", 0, True), ("*bf16", 1, False), ("*bf16", 2, True), ("*fp32", 1, True),
                            ("*fp32", 2, False)):
         per_row = scale == 1
@@ -47,7 +57,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                                  BLOCK_K=1024, HAS_BIAS=True, EVEN_N=even, EVEN_K=even, SCALE=scale, PDL=True)
         out.append((f"fp8_gemv x={x} scale_mode={scale} even={even}", gemv._fp8_gemv_kernel,
                     {"x_ptr": x, "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
-                     "n": "i32", "stride_s": "i32", **sig}, consts))
+                     "n": "i32", "stride_s": "i32", **sig}, consts, 4))
     for gptq, bits, grouped in ((False, 4, True), (True, 4, True), (True, 8, False)):
         sig, consts = constexprs("K GROUP BITS GPTQ GROUPED ZERO_OFFSET BLOCK_N BLOCK_K HAS_BIAS PDL", K=4096,
                                  GROUP=128, BITS=bits, GPTQ=gptq, GROUPED=grouped, ZERO_OFFSET=1,
@@ -55,17 +65,20 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                                  HAS_BIAS=False, PDL=True)
         out.append((f"packed_gemv gptq={gptq} bits={bits} grouped={grouped}", packed_gemv._packed_gemv_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
-                     "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
-    # (True, 4): AWQ repacked along K (zero points as stored); (True, 8): GPTQ v1 in one split.
+                     "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **sig}, consts, 4))
+    # (True, 4): AWQ repacked along K (zero points as stored); (True, 8): GPTQ v1 in one split. The policy's tile.
+    policy = LaunchPolicy()
     for gptq, bits, splits, bias in ((False, 4, 16, False), (True, 4, 16, True), (True, 8, 1, False)):
-        step, chunk = packed_gemv.packed_split_shape(4096, 128, bits, gptq) or (0, 0)
+        step, chunk = packed_gemv.packed_split_shape(4096, 128, bits, gptq, policy.packed_split_chunk,
+                                                     policy.packed_split_rows) or (0, 0)
         sig, consts = constexprs("K GROUP BITS GPTQ BLOCK_N BLOCK_K CHUNK SPLITS SPLITS_P2 ZERO_OFFSET HAS_BIAS PDL",
-                                 K=4096, GROUP=128, BITS=bits, GPTQ=gptq, BLOCK_N=LaunchPolicy().packed_split_block_n,
+                                 K=4096, GROUP=128, BITS=bits, GPTQ=gptq, BLOCK_N=policy.packed_split_block_n,
                                  BLOCK_K=step, CHUNK=4096 if splits == 1 else chunk, SPLITS=splits, SPLITS_P2=splits,
                                  ZERO_OFFSET=int(bits == 8), HAS_BIAS=bias, PDL=True)
         out.append((f"packed_split gptq={gptq} bits={bits} splits={splits}", packed_gemv._packed_split_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*bf16",
-                     "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts))
+                     "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts,
+                    policy.packed_split_warps))
     for x, gptq, bits, ieee in (("*bf16", False, 4, False), ("*bf16", True, 4, False), ("*fp16", True, 8, False),
                                 ("*fp32", True, 4, True)):
         sig, consts = constexprs("K GROUP BITS GPTQ ZERO_OFFSET BLOCK_M BLOCK_N BLOCK_K HAS_BIAS IEEE", K=4096,
@@ -73,7 +86,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                                  BLOCK_N=packed_gemm._BLOCK_N, BLOCK_K=packed_gemm._BLOCK_K, HAS_BIAS=True, IEEE=ieee)
         out.append((f"packed_gemm x={x} gptq={gptq} bits={bits}", packed_gemm._packed_gemm_kernel,
                     {"x_ptr": x, "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32", "b_ptr": x,
-                     "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts))
+                     "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts, 4))
     for bk, per_token in ((128, False), (128, True), (32, False)):
         sig, consts = constexprs("K X_GROUPS BN_SCALE BK_SCALE X_PER_TOKEN BLOCK_M BLOCK_N BLOCK_K HAS_BIAS WIDEN",
                                  K=4096, X_GROUPS=1 if per_token else 4096 // bk, BN_SCALE=128, BK_SCALE=bk,
@@ -81,23 +94,65 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                                  BLOCK_K=fp8_gemm.fp8_block_k_step(bk), HAS_BIAS=True, WIDEN=False)
         out.append((f"fp8_block_gemm block_k={bk} per_token_x={per_token}", fp8_gemm._fp8_block_gemm_kernel,
                     {"x_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "w_ptr": "*fp8e4nv", "sw_ptr": "*fp32", "b_ptr": "*bf16",
-                     "out_ptr": "*bf16", "m": "i32", "n": "i32", "stride_sw": "i32", **sig}, consts))
+                     "out_ptr": "*bf16", "m": "i32", "n": "i32", "stride_sw": "i32", **sig}, consts, 4))
     return out
 
 
+def loop_bodies(sass: str) -> list[tuple[int, collections.Counter[str]]]:
+    """(instructions, opcode counts) of every loop in a cuobjdump listing: the span from a backward branch's target
+    to the branch."""
+    ins = [(int(a, 16), op, rest) for a, op, rest in re.findall(
+        r"^\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)[.A-Z0-9_]*\s*([^;]*);", sass, re.M)]
+    loops = []
+    for addr, op, rest in ins:
+        target = rest.split()[-1] if op == "BRA" and rest.split() else ""
+        if target.startswith("0x") and int(target, 16) < addr:
+            body = [o for a, o, _ in ins if int(target, 16) <= a <= addr]
+            loops.append((len(body), collections.Counter(body)))
+    return loops
+
+
+def show_sass(name: str, compiled: Any) -> None:
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    cubin = Path(f"/tmp/compile-sm90-{os.getpid()}.cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    try:
+        sass = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+    finally:
+        cubin.unlink()
+    regs = re.search(r"REG:(\d+)", usage)
+    ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M))
+    print(f"{name}: {regs.group(1) if regs else '?'} registers, {sum(ops.values())} instructions: "
+          + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
+    for count, ops in loop_bodies(sass):
+        print(f"  loop of {count} instructions: " + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sass", metavar="TEXT", help="only configurations whose name holds TEXT, with their SASS loops")
+    a = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("TRITON_INTERPRET=1 makes every kernel an interpreted function: run without it", file=sys.stderr)
         return 2
     failed = 0
-    for name, kernel, signature, constexprs in cases():
+    for name, kernel, signature, constexprs, warps in cases():
+        if a.sass is not None and a.sass not in name:
+            continue
+        attrs = {} if a.sass is None else {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
+                                           for arg, kind in signature.items() if kind.startswith("*") or arg == "n"}
         try:
-            triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=TARGET,
-                           options={"num_warps": 4})
+            compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
+                                      target=TARGET, options={"num_warps": warps})
             print(f"ok      {name}")
         except Exception as e:  # every failure is reported, then counted
             failed += 1
             print(f"FAILED  {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        if a.sass is not None:
+            show_sass(name, compiled)
     return 1 if failed else 0
 
 
