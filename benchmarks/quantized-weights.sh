@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quantized weights on one GPU (docs/performance/quantized-weights.md):
 #   bash benchmarks/quantized-weights.sh            or some stages: STAGE="tests governor", STAGE=vllm
-#   (FORMATS="bf16 gptq": the governor stage's formats)
+#   (FORMATS="bf16 gptq", VLLM_FORMATS="bf16 awq", GPT_FAST_WEIGHTS=int4: a stage's formats)
 # Batch-1 decode of the llama3-8b shape at a 512-token context, by weight format. Every side draws random weights
 # on the GPU from a config-only directory (`governor make-model --no-weights [--quantization awq|gptq|fp8]`, and
 # load_format dummy), so nothing big is written or read. Stages:
@@ -10,6 +10,11 @@
 #   governor  bf16; fp8 quantized at load (--quantization fp8); block-scaled fp8 (128 x 128); AWQ int4; GPTQ int4
 #             (groups of 128): `governor bench latency`, which also reports the weight-read roofline;
 #   sweep     each quantized one-row product alone, under launch-policy variants (scripts/quantized-gemv-sweep.py);
+#   throughput  offline throughput, 256 prompts of 100 tokens -> 1,024 (greedy, ignore_eos), with fp8 weights
+#             (quantized at load from bf16: --quantization fp8 on both sides) and an fp8 KV cache, the engine's and
+#             vLLM's on the same prompt token ids, at the qwen3-0.6b shape (random weights on disk) and the llama3-8b
+#             shape (load_format dummy); the engine also with bf16 weights and an fp8 KV cache. THR_SHAPES picks
+#             shapes (default "qwen3-0.6b llama3-8b");
 #   gpt-fast  int8 and int4 weight-only (benchmarks/peers/gpt_fast_latency.py; GPT_FAST_DIR, default .peers/gpt-fast);
 #   vllm      vLLM 0.26 on bf16, block-scaled fp8 and AWQ (VLLM_SITE: an unpacked bundle of benchmarks/peers.sh).
 # Each run is its own stage (a failure does not stop the others); results are JSON under $RESULTS_DIR.
@@ -21,10 +26,14 @@ if [ "${DRY:-0}" = 1 ]; then
   mkdir -p "$RESULTS_DIR"
   export PYTHONPATH=$PWD/engine:$PWD/kernels:$PWD/operator:$PWD PYTHONUNBUFFERED=1
   PRESET=small DEVICE=(--device cpu --dtype float32) LEN=(--max-model-len 256) LAT=(--context 32 --new-tokens 8)
+  THR_W=(--num-prompts 4 --input-len 10:10 --output-len 8:8) THR_PRESET=(small small) VLLM_PLAN=(--plan)
+  THR_MK=(--dtype float32)
   FORMATS=${FORMATS:-bf16 fp8-online awq gptq}
 else
   . benchmarks/lib/env.sh
   PRESET=llama3-8b DEVICE=(--dtype bfloat16) LEN=(--max-model-len 4096) LAT=(--context 512 --new-tokens 128)
+  THR_W=(--num-prompts 256 --input-len 100:100 --output-len 1024:1024) THR_PRESET=(qwen3-0.6b llama3-8b) VLLM_PLAN=()
+  THR_MK=(--dtype bfloat16 --device cuda)
   FORMATS=${FORMATS:-bf16 fp8-online fp8-block awq gptq}
 fi
 . benchmarks/lib/stages.sh
@@ -67,6 +76,36 @@ sweep_run() {
   fi
   [ -s "$RESULTS_DIR/gemv-sweep.json" ]
 }
+thr_model() {  # thr_model SHAPE: the throughput checkpoint of a shape (made once), and its engine flags
+  local preset=${THR_PRESET[0]} dir=/tmp/quant-models/thr-qwen3
+  if [ "$1" = llama3-8b ]; then
+    preset=${THR_PRESET[1]} dir=/tmp/quant-models/thr-llama3
+    [ -f "$dir/config.json" ] || python3 -m governor.engine make-model "$dir" --preset "$preset" --no-weights \
+      --dtype bfloat16 | quiet >&2
+    echo "$dir --load-format dummy"
+  else
+    [ -f "$dir/config.json" ] || python3 -m governor.engine make-model "$dir" --arch qwen3 --preset "$preset" \
+      "${THR_MK[@]}" | quiet >&2
+    echo "$dir"
+  fi
+}
+throughput_run() {  # throughput_run SHAPE SIDE [WEIGHTS]: SIDE governor|vllm, WEIGHTS fp8 (default) or bf16
+  local m weights=${3:-fp8} quant=()
+  local tag=$1-$2-$weights
+  read -r -a m <<< "$(thr_model "$1")"
+  [ "$weights" = fp8 ] && quant=(--quantization fp8)
+  rm -f "$RESULTS_DIR/thr-$tag.json"
+  if [ "$2" = governor ]; then
+    timeout 400 python3 -m governor.engine bench throughput --model "${m[@]}" "${DEVICE[@]}" "${THR_W[@]}" \
+      --kv-cache-dtype fp8 "${quant[@]}" --output-json "$RESULTS_DIR/thr-$tag.json" 2>&1 | quiet
+  else
+    PYTHONPATH=$VLLM_SITE:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 timeout 500 python3 \
+      -m benchmarks.peers.vllm_throughput --model "${m[@]}" "${THR_W[@]}" --kv-cache-dtype fp8 "${quant[@]}" \
+      "${VLLM_PLAN[@]}" --output-json "$RESULTS_DIR/thr-$tag.json" 2>&1 | quiet
+    [ "${DRY:-0}" = 1 ] && return 0  # --plan: the settings printed, nothing run
+  fi
+  [ -s "$RESULTS_DIR/thr-$tag.json" ]
+}
 gpt_fast_run() {  # gpt_fast_run int8|int4
   rm -f "$RESULTS_DIR/lat-gpt-fast-$1.json"
   timeout 500 python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir "$GPT_FAST_DIR" --weights "$1" \
@@ -88,8 +127,13 @@ for s in ${STAGE:-tests governor sweep gpt-fast vllm}; do
     tests) stage gpu-tests gpu_tests ;;
     governor) for f in $FORMATS; do stage "governor-$f" governor_run "$f"; done ;;
     sweep) stage gemv-sweep sweep_run ;;
-    gpt-fast) for w in int8 int4; do stage "gpt-fast-$w" gpt_fast_run "$w"; done ;;
-    vllm) for f in bf16 fp8-block awq; do stage "vllm-$f" vllm_run "$f"; done ;;
+    throughput) for shape in ${THR_SHAPES:-qwen3-0.6b llama3-8b}; do
+        stage "thr-$shape-governor-fp8" throughput_run "$shape" governor
+        stage "thr-$shape-governor-bf16" throughput_run "$shape" governor bf16
+        stage "thr-$shape-vllm-fp8" throughput_run "$shape" vllm
+      done ;;
+    gpt-fast) for w in ${GPT_FAST_WEIGHTS:-int8 int4}; do stage "gpt-fast-$w" gpt_fast_run "$w"; done ;;
+    vllm) for f in ${VLLM_FORMATS:-bf16 fp8-block awq}; do stage "vllm-$f" vllm_run "$f"; done ;;
     *) echo "unknown stage $s"; FAILED+=("$s") ;;
   esac
 done

@@ -45,6 +45,10 @@ def test_vllm_throughput_settings_are_the_engines_defaults_with_graphs_up_to_the
         256, 8192, 0.9)
     assert "max_model_len" not in settings  # the checkpoint's, as the engine's
     assert settings["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]}
+    assert "quantization" not in settings  # the checkpoint's own
+    fp8 = vllm_throughput.llm_settings(vllm_throughput.parse_args(["--model", str(tiny_qwen3),
+                                                                   "--quantization", "fp8"]))
+    assert fp8["quantization"] == "fp8"  # weights quantized at load, as the engine's --quantization fp8
 
 
 def test_capture_sizes_are_the_powers_of_two_below_the_batch_and_the_batch() -> None:

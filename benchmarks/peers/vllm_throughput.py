@@ -1,7 +1,7 @@
 """vLLM's offline throughput on the workload of `governor bench throughput`:
 
     python3 -m benchmarks.peers.vllm_throughput --model DIR --num-prompts 256 --input-len 100:100 \\
-        --output-len 1024:1024 [--kv-cache-dtype auto|fp8] --output-json thr-vllm.json
+        --output-len 1024:1024 [--kv-cache-dtype auto|fp8] [--quantization fp8] --output-json thr-vllm.json
 
 The prompts are the engine's own token ids (`Workload.make` over the vocabulary the engine draws from), every
 request greedy with ignore_eos, as the engine's run; vLLM gets the engine's defaults where both have the setting
@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", default="100:1024", help="a:b, uniform per prompt (as the engine's)")
     p.add_argument("--workload-seed", type=int, default=0)
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    p.add_argument("--quantization", default=None, choices=("fp8",),
+                   help="fp8: vLLM quantizes a bf16 checkpoint's weights at load (as the engine's --quantization fp8)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the checkpoint's, as the engine's")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -70,6 +72,8 @@ def llm_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.max_model_len is not None:
         settings["max_model_len"] = args.max_model_len
+    if args.quantization is not None:
+        settings["quantization"] = args.quantization
     return settings
 
 
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     env = run(args)
     r = env["result"]
     print(f"vLLM {r['vllm']}: {r['output_tokens_per_s']:.0f} output tok/s ({r['generated_tokens']} tokens in "
-          f"{r['elapsed_s']:.2f} s), kv_cache_dtype {args.kv_cache_dtype}")
+          f"{r['elapsed_s']:.2f} s), kv_cache_dtype {args.kv_cache_dtype}, quantization {args.quantization}")
     return 0
 
 
