@@ -366,7 +366,11 @@ class CausalLM(nn.Module):
             raise ValueError(f"checkpoint is missing tensors for: {', '.join(missing[:8])}"
                              + (" ..." if len(missing) > 8 else ""))
         for module in packed.values():
-            module.repack()
+            if module.repack() and module.qweight.is_cuda:
+                # The repack's temporaries (hundreds of MB a slice) go back to the driver before the next module's
+                # tensors are allocated, which would otherwise be carved out of their cached segments and pin them:
+                # what stays cached then is lost to the KV cache, sized from the driver's free memory.
+                torch.cuda.empty_cache()
 
     def _load_packed(self, hf_name: str, m: re.Match[str], tensor: LazyTensor) -> None:
         """One packed tensor (qweight, qzeros, scales, g_idx; fp8: weight, weight_scale_inv) of a quantized linear, into

@@ -398,14 +398,15 @@ class QuantizedLinear(nn.Module):
             names = ["qweight", "qzeros", "scales"] + (["g_idx"] if self._g_idx_required else [])
         return [f"part {k} {n}" for k in range(len(self.out_parts)) for n in names if (k, n) not in self._loaded]
 
-    def repack(self) -> None:
+    def repack(self) -> bool:
         """Once every tensor is loaded, put AWQ's codes in the layout the one-row kernels read fastest: packed along
         the input features as GPTQ's (qweight [in / 8, out]), zero points packed in column order and stored as they
         are (GPTQ v1 stores each less one, which a zero point of 0 would overflow). A split one-row product over that
         layout streams 1 KB of each packed row a program; over AWQ's own, 128 bytes of each input row (on an H200,
-        91.2 against 131.3 us a llama3-8b layer). Exact (a permutation of bits); other layers are left as they are."""
+        91.2 against 131.3 us a llama3-8b layer). Exact (a permutation of bits); other layers are left as they are.
+        Returns whether it repacked."""
         if self.method != "awq" or self.codes_along_k:
-            return
+            return False
         packed = self.qweight.data
         qweight = torch.empty(packed.shape[0] // 8, packed.shape[1] * 8, dtype=torch.int32, device=packed.device)
         for start in range(0, packed.shape[0], _REPACK_ROWS):  # a slice at a time: the codes unpacked are 8x larger
@@ -414,6 +415,7 @@ class QuantizedLinear(nn.Module):
         self.qweight = nn.Parameter(qweight, requires_grad=False)
         self.qzeros = nn.Parameter(pack_int32(unpack_awq(self.qzeros.data), 4, dim=-1), requires_grad=False)
         self.codes_along_k = True
+        return True
 
     def codes_and_zeros(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q [in, out], z [groups, out]): the unpacked integer codes and zero points."""
