@@ -15,6 +15,8 @@
 #             vLLM's on the same prompt token ids, at the qwen3-0.6b shape (random weights on disk) and the llama3-8b
 #             shape (load_format dummy); the engine also with bf16 weights and an fp8 KV cache. THR_SHAPES picks
 #             shapes (default "qwen3-0.6b llama3-8b");
+#   kv        the KV cache the engine sizes with bf16 weights and with fp8 weights quantized at load, each with a
+#             bf16 and an fp8 cache (`governor bench kv --weights none,fp8`, short decode and accuracy runs);
 #   gpt-fast  int8 and int4 weight-only (benchmarks/peers/gpt_fast_latency.py; GPT_FAST_DIR, default .peers/gpt-fast);
 #   vllm      vLLM 0.26 on bf16, block-scaled fp8 and AWQ (VLLM_SITE: an unpacked bundle of benchmarks/peers.sh).
 # Each run is its own stage (a failure does not stop the others); results are JSON under $RESULTS_DIR.
@@ -106,6 +108,13 @@ throughput_run() {  # throughput_run SHAPE SIDE [WEIGHTS]: SIDE governor|vllm, W
   fi
   [ -s "$RESULTS_DIR/thr-$tag.json" ]
 }
+kv_run() {
+  rm -f "$RESULTS_DIR/kv-weights.json"
+  timeout 400 python3 -m governor.engine bench kv --model "$D/dense" --load-format dummy "${DEVICE[@]}" "${LEN[@]}" \
+    --weights none,fp8 --context "${LAT[1]}" --batches 8 --new-tokens 16 --accuracy-tokens 32 \
+    --output-json "$RESULTS_DIR/kv-weights.json" 2>&1 | quiet
+  [ -s "$RESULTS_DIR/kv-weights.json" ]
+}
 gpt_fast_run() {  # gpt_fast_run int8|int4
   rm -f "$RESULTS_DIR/lat-gpt-fast-$1.json"
   timeout 500 python3 -m benchmarks.peers.gpt_fast_latency --gpt-fast-dir "$GPT_FAST_DIR" --weights "$1" \
@@ -132,6 +141,7 @@ for s in ${STAGE:-tests governor sweep gpt-fast vllm}; do
         stage "thr-$shape-governor-bf16" throughput_run "$shape" governor bf16
         stage "thr-$shape-vllm-fp8" throughput_run "$shape" vllm
       done ;;
+    kv) stage kv-weights kv_run ;;
     gpt-fast) for w in ${GPT_FAST_WEIGHTS:-int8 int4}; do stage "gpt-fast-$w" gpt_fast_run "$w"; done ;;
     vllm) for f in ${VLLM_FORMATS:-bf16 fp8-block awq}; do stage "vllm-$f" vllm_run "$f"; done ;;
     *) echo "unknown stage $s"; FAILED+=("$s") ;;
