@@ -153,6 +153,31 @@ def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str
     assert torch.equal(run(), first) and not counters.any()
 
 
+@needs_triton
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_gemv_holds_over_the_range_of_x_its_subnormal_codes_allow(bits: int, dtype: torch.dtype) -> None:
+    """The split kernel reads GPTQ's codes as subnormal floats and scales x by up to 2^85 (packed_gemv.py): exact for
+    |x| below 2^43 and for products above 2^-62. Inputs whose magnitudes span 2^-50 to 2^30 in one row, and codes
+    and zero points at their extremes (0 and 2^bits - 1 in every group, beside random ones), still give the product
+    of the dequantized weight."""
+    n, k, group = 256, 512, 128
+    gen = torch.Generator().manual_seed(40)
+    w = seeded_randn(n, k, dtype=torch.float32, seed=41, scale=0.1)
+    w[:, ::group] = 0.25  # each group's largest value: its top code
+    w[:, 1::group] = -0.25  # and its smallest: code 0
+    packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group), torch.arange(k))
+    q = qw.unpack_gptq(packed["qweight"], bits, 0)
+    assert int(q.min()) == 0 and int(q.max()) == 2**bits - 1
+    exponents = torch.randint(-50, 31, (1, k), generator=gen).double()
+    signs = torch.where(torch.rand(1, k, generator=gen) < 0.5, -1.0, 1.0).double()
+    x = (signs * 2.0**exponents).to(dtype)
+    args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales", "g_idx")]
+    got = gptq_gemv(x.to(DEVICE), *args, bits, group_size=group)
+    assert torch.isfinite(got).all()
+    assert_sum_order_close(got, x.to(DEVICE), weight.to(DEVICE), None, False)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("bits", [4, 8])
