@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The prefix cache, the fp8 KV cache and speculative decoding on one GPU (docs/performance/prefix-cache.md,
 # fp8-kv-cache.md, speculative-decoding.md), one stage or several per run:
-#   STAGE=tests|prefix|kv|spec|align bash benchmarks/prefix-kv-spec.sh   (default "tests prefix kv"; results under
-#   RESULTS_DIR, default out/gpu)
+#   STAGE=tests|prefix|kv|spec|spec-draft|align bash benchmarks/prefix-kv-spec.sh   (default "tests prefix kv";
+#   results under RESULTS_DIR, default out/gpu)
 set -uo pipefail
 . benchmarks/lib/env.sh
 M=/tmp/llama3-8b
@@ -31,6 +31,21 @@ if [[ " ${STAGE:-} " == *" spec "* ]]; then
   python3 -m governor.engine bench spec --model $Q --batches 1,8,64 --ks 1,2,4,8 --input-len 32 \
     --output-len 64 --perturb-sigma 0.05 --ngram --output-json "$RESULTS_DIR/bench-spec.json" 2>&1 \
     | grep -v INFO | tail -5
+fi
+# A cheap draft at the llama3-8b shape (a llama3.2-1b shape of the same vocabulary), acceptance 0.8 set by each
+# engine, the engine's and vLLM's in one run: STAGE=spec-draft (VLLM_SITE: an unpacked bundle of benchmarks/peers.sh)
+if [[ " ${STAGE:-} " == *" spec-draft "* ]]; then
+  T=/tmp/m8 D=/tmp/llama3.2-1b SPEC=(--batches 1,8 --ks 2,4 --input-len 32 --output-len 128)
+  [ -f $T/config.json ] || python3 -m governor.engine make-model $T --arch llama --preset llama3-8b --no-weights \
+    --dtype bfloat16 2>&1 | grep -v INFO
+  [ -f $D/config.json ] || python3 -m governor.engine make-model $D --arch llama --preset llama3.2-1b \
+    --dtype bfloat16 --device cuda 2>&1 | grep -v INFO
+  python3 -m governor.engine bench spec --model $T --load-format dummy --dtype bfloat16 --max-model-len 4096 \
+    "${SPEC[@]}" --perturb-sigma "" --no-equal-draft --draft-model $D --draft-acceptance 0.8 \
+    --output-json "$RESULTS_DIR/bench-spec-draft.json" 2>&1 | grep -v INFO | tail -5
+  PYTHONPATH=${VLLM_SITE:-}:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m benchmarks.peers.vllm_spec --model $T \
+    --draft-model $D "${SPEC[@]}" --draft-acceptance 0.8 --output-json "$RESULTS_DIR/spec-vllm.json" 2>&1 \
+    | grep -E '^\{' | tail -6
 fi
 # Hit-vs-cold divergence with prefill chunks aligned to blocks and not: STAGE=align
 if [[ " ${STAGE:-} " == *" align "* ]]; then

@@ -10,7 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from benchmarks.peers import bundle, decode_timing, gpt_fast_latency, summary, vllm_latency, vllm_throughput
+from benchmarks.peers import (
+    bundle,
+    decode_timing,
+    gpt_fast_latency,
+    summary,
+    vllm_latency,
+    vllm_spec,
+    vllm_throughput,
+)
 from benchmarks.peers.peer import PeerMissing
 from benchmarks.peers.vllm_engine import capture_sizes
 
@@ -49,6 +57,49 @@ def test_vllm_throughput_settings_are_the_engines_defaults_with_graphs_up_to_the
     fp8 = vllm_throughput.llm_settings(vllm_throughput.parse_args(["--model", str(tiny_qwen3),
                                                                    "--quantization", "fp8"]))
     assert fp8["quantization"] == "fp8"  # weights quantized at load, as the engine's --quantization fp8
+
+
+def test_vllm_spec_sets_acceptance_as_the_engines_benchmark_does(tiny_qwen3: Path) -> None:
+    """Each draft accepted with probability alpha in order: vLLM's unconditional per-position rates are alpha^(i+1);
+    K = 0 runs without speculation, every engine holds the largest batch and reports its counters."""
+    assert vllm_spec.synthetic_rates(0.8, 4) == pytest.approx([0.8, 0.64, 0.512, 0.4096])
+    args = vllm_spec.parse_args(["--model", str(tiny_qwen3), "--draft-model", "/d", "--batches", "1,8",
+                                 "--ks", "4,0,2", "--draft-acceptance", "0.5"])
+    assert args.ks == [2, 4] and args.batches == [1, 8]
+    plain, deep = vllm_spec.llm_settings(args, 0), vllm_spec.llm_settings(args, 4)
+    assert "speculative_config" not in plain and plain["max_num_seqs"] == 8 and plain["disable_log_stats"] is False
+    assert plain["compilation_config"]["cudagraph_capture_sizes"][-1] == 8  # a decode step of 8 sequences
+    assert deep["compilation_config"]["cudagraph_capture_sizes"][-1] == 40  # a verification of 8 x (4 + 1) tokens
+    assert deep["speculative_config"] == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 4,
+                                          "rejection_sample_method": "synthetic",
+                                          "synthetic_acceptance_rates": [0.5, 0.25, 0.125, 0.0625]}
+    with pytest.raises(SystemExit):
+        vllm_spec.parse_args(["--model", "m", "--draft-model", "d", "--draft-acceptance", "1.5"])
+
+
+def test_vllm_spec_runs_each_depth_in_its_own_process_and_divides_by_plain_decoding(
+        tiny_qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent starts one child per K (the same arguments, `--only-k K`, its own output file) and reports each
+    row's rate over the K = 0 rate of its batch."""
+    calls: list[list[str]] = []
+    rates = {(0, 1): 100.0, (0, 8): 400.0, (2, 1): 150.0, (2, 8): 300.0}
+
+    def child(cmd: list[str]) -> None:
+        calls.append(cmd)
+        k = int(cmd[cmd.index("--only-k") + 1])
+        rows = [{"k": k, "batch": b, "output_tok_s": rates[(k, b)], "vllm": "0.26.0"} for b in (1, 8)]
+        Path(cmd[cmd.index("--output-json") + 1]).write_text(json.dumps(rows))
+
+    monkeypatch.setattr(vllm_spec, "run_child", child)
+    out = tmp_path / "spec.json"
+    argv = ["--model", str(tiny_qwen3), "--draft-model", "/d", "--batches", "1,8", "--ks", "2",
+            "--output-json", str(out)]
+    assert vllm_spec.main(argv) == 0
+    assert [c[c.index("--only-k") + 1] for c in calls] == ["0", "2"]
+    assert all(c.count("--output-json") == 1 and str(out) not in c for c in calls)
+    rows = json.loads(out.read_text())["result"]["rows"]
+    assert {(r["k"], r["batch"]): r["speedup"] for r in rows} == {(0, 1): 1.0, (0, 8): 1.0, (2, 1): 1.5,
+                                                                  (2, 8): 0.75}
 
 
 def test_capture_sizes_are_the_powers_of_two_below_the_batch_and_the_batch() -> None:
