@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -66,19 +67,22 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
         out.append((f"packed_gemv gptq={gptq} bits={bits} grouped={grouped}", packed_gemv._packed_gemv_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
                      "b_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", **sig}, consts, 4))
-    # (True, 4): AWQ repacked along K (zero points as stored); (True, 8): GPTQ v1 in one split. The policy's tile.
+    # (True, 4): AWQ repacked along K (zero points as stored); (True, 8): GPTQ v1 in one split; (False, 4): AWQ's
+    # own layout. Each with the tile the engine launches it with (the policy's), all the splits of K = 4,096.
     policy = LaunchPolicy()
-    for gptq, bits, splits, bias in ((False, 4, 16, False), (True, 4, 16, True), (True, 8, 1, False)):
-        step, chunk = packed_gemv.packed_split_shape(4096, 128, bits, gptq, policy.packed_split_chunk,
-                                                     policy.packed_split_rows) or (0, 0)
+    for gptq, bits, one_split, bias in ((False, 4, False, False), (True, 4, False, True), (True, 8, True, False)):
+        block_n, max_chunk, warps = ((policy.packed_split_block_n, policy.packed_split_chunk,
+                                      policy.packed_split_warps) if gptq else policy.packed_split_awq_tile)
+        step, chunk = packed_gemv.packed_split_shape(4096, 128, bits, gptq, max_chunk, policy.packed_split_rows) \
+            or (0, 0)
+        splits = 1 if one_split else 4096 // chunk
         sig, consts = constexprs("K GROUP BITS GPTQ BLOCK_N BLOCK_K CHUNK SPLITS SPLITS_P2 ZERO_OFFSET HAS_BIAS PDL",
-                                 K=4096, GROUP=128, BITS=bits, GPTQ=gptq, BLOCK_N=policy.packed_split_block_n,
-                                 BLOCK_K=step, CHUNK=4096 if splits == 1 else chunk, SPLITS=splits, SPLITS_P2=splits,
+                                 K=4096, GROUP=128, BITS=bits, GPTQ=gptq, BLOCK_N=block_n, BLOCK_K=step,
+                                 CHUNK=4096 if one_split else chunk, SPLITS=splits, SPLITS_P2=splits,
                                  ZERO_OFFSET=int(bits == 8), HAS_BIAS=bias, PDL=True)
         out.append((f"packed_split gptq={gptq} bits={bits} splits={splits}", packed_gemv._packed_split_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*bf16",
-                     "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts,
-                    policy.packed_split_warps))
+                     "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts, warps))
     for x, gptq, bits, ieee in (("*bf16", False, 4, False), ("*bf16", True, 4, False), ("*fp16", True, 8, False),
                                 ("*fp32", True, 4, True)):
         sig, consts = constexprs("K GROUP BITS GPTQ ZERO_OFFSET BLOCK_M BLOCK_N BLOCK_K HAS_BIAS IEEE", K=4096,
@@ -114,20 +118,20 @@ def loop_bodies(sass: str) -> list[tuple[int, collections.Counter[str]]]:
 
 def show_sass(name: str, compiled: Any) -> None:
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    cubin = Path(f"/tmp/compile-sm90-{os.getpid()}.cubin")
-    cubin.write_bytes(compiled.asm["cubin"])
-    try:
-        sass = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([tools / "cuobjdump", "-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
         usage = subprocess.run([tools / "cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
                                check=True).stdout
-    finally:
-        cubin.unlink()
     regs = re.search(r"REG:(\d+)", usage)
     ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", sass, re.M))
-    print(f"{name}: {regs.group(1) if regs else '?'} registers, {sum(ops.values())} instructions: "
-          + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
-    for count, ops in loop_bodies(sass):
-        print(f"  loop of {count} instructions: " + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
+    ftz = len(re.findall(r"\.FTZ\b", sass))  # flush-to-zero float instructions (subnormals read as zero)
+    print(f"{name}: {regs.group(1) if regs else '?'} registers, {ftz} flush-to-zero, {sum(ops.values())} "
+          "instructions: " + ", ".join(f"{op} {n}" for op, n in ops.most_common(12)))
+    for count, loop_ops in loop_bodies(sass):
+        print(f"  loop of {count} instructions: " + ", ".join(f"{op} {n}" for op, n in loop_ops.most_common(12)))
 
 
 def main() -> int:

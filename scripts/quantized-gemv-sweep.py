@@ -46,14 +46,15 @@ def variants(fmt: str, base: LaunchPolicy, check: bool) -> list[tuple[str, Launc
                                                           (8, 4096, 8), (16, 1024, 4)]
         return [(f"tile {t}", dataclasses.replace(base, fp8_gemv=GemvConfig(*t))) for t in tiles]
     out = [("unsplit", dataclasses.replace(base, packed_split=False))]
-    # Column blocks with every warp along the columns (4 or 8 columns a thread), K chunks, packed rows a K step.
+    # Column blocks with every warp along the columns (4 or 8 columns a thread), K chunks, packed rows a K step (GPTQ's
+    # layout; AWQ's own takes the same columns, chunk and warps).
     shapes = [(256, 4, 256, 16), (512, 4, 128, 8)] if check else [
         (bn, warps, chunk, rows) for bn, warps in ((256, 4), (256, 2), (512, 4), (512, 2), (1024, 8), (1024, 4))
         for chunk in (128, 256) for rows in (8, 16)]
     for block_n, warps, chunk, rows in shapes:
         out.append((f"split {block_n} x {chunk} w{warps} r{rows}", dataclasses.replace(
             base, packed_split=True, packed_split_block_n=block_n, packed_split_chunk=chunk,
-            packed_split_warps=warps, packed_split_rows=rows)))
+            packed_split_warps=warps, packed_split_rows=rows, packed_split_awq_tile=(block_n, chunk, warps))))
     out.append(("split, no PDL", dataclasses.replace(base, packed_split=True, packed_split_pdl=False)))
     return out
 

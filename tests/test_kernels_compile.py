@@ -25,19 +25,22 @@ def test_the_quantized_kernels_compile_for_sm90(tmp_path: Path) -> None:
 
 def test_the_split_gemv_issues_one_and_and_one_ffma_a_code(tmp_path: Path) -> None:
     """`--sass` counts the cubin's instructions. The GPTQ-layout split GEMV reads each 4-bit code as an exact
-    subnormal: one mask (LOP3, or SGXT where ptxas extracts the low bits) and one FFMA a code, no conversion. With the
-    policy's tile (256 x 128 on 64 threads: 512 codes a thread) the kernel has an FFMA a code and, all included (loads,
-    the zero-point correction, the split's epilogue), fewer than 5 instructions a code; the kernel that added
-    2^23 to each code and subtracted it again issued 6.5."""
+    subnormal: one mask (LOP3, or SGXT where ptxas extracts the low bits) and one FFMA a code, no conversion, and no
+    flush-to-zero instruction, which would read every code as zero. On the policy's tile (256 x 128 on 64 threads:
+    512 codes a thread, one K step) the kernel has an FFMA a code and, all included (loads, the zero-point
+    correction, the split's epilogue over 32 splits), fewer than 5 instructions a code; the same tile with the
+    arithmetic before (2^23 added to each code and subtracted again) issued 6.75 (3,456)."""
     policy = LaunchPolicy()
-    codes = policy.packed_split_block_n * min(policy.packed_split_chunk, 16 * 8) // (32 * policy.packed_split_warps)
+    step = 8 * (1 << (policy.packed_split_rows.bit_length() - 1))  # 4-bit codes a K step, as packed_split_shape
+    codes = policy.packed_split_block_n * min(policy.packed_split_chunk, step) // (32 * policy.packed_split_warps)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile-sm90.py"), "--sass",
                           "packed_split gptq=True bits=4"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     line = next(ln for ln in run.stdout.splitlines() if "instructions:" in ln)
-    total = int(line.split(" instructions:")[0].rsplit(" ", 1)[1])
-    ops = {op: int(n) for op, n in (item.strip().split(" ") for item in line.split("instructions:")[1].split(","))}
-    assert ops["FFMA"] >= codes and ops.get("I2F", 0) == 0 and ops.get("I2FP", 0) < 16
+    head, counts = line.split(" instructions: ")
+    total, ftz = int(head.rsplit(" ", 1)[1]), int(head.split(" flush-to-zero")[0].rsplit(" ", 1)[1])
+    ops = {op: int(n) for op, n in (item.strip().split(" ") for item in counts.split(","))}
+    assert ftz == 0 and ops["FFMA"] >= codes and ops.get("I2F", 0) == 0 and ops.get("I2FP", 0) < 16, line
     assert total < 5 * codes, line

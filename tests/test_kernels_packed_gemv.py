@@ -6,10 +6,13 @@ Without CUDA the kernels run under Triton's interpreter (tests/conftest.py sets 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import governor.kernels.packed_gemv as packed_gemv_module
+from governor.kernels.launch_policy import LaunchPolicy
 from governor.kernels.packed_gemv import (
     awq_gemv,
     awq_gemv_ref,
@@ -122,13 +125,21 @@ def test_gptq_gemv_refuses_what_it_cannot_compute_with_a_clear_message() -> None
 
 @needs_triton
 @pytest.mark.parametrize("method,bits", [("awq", 4), ("gptq", 4), ("gptq", 8)])
-def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str, bits: int) -> None:
+@pytest.mark.parametrize("k,chunk,splits", [(1024, 256, 4), (2048, 128, 16)],
+                         ids=["four-splits-of-several-steps", "sixteen-splits"])
+def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str, bits: int, k: int, chunk: int,
+                                                                     splits: int) -> None:
     """The split kernel over several K chunks and two column blocks (one ragged), with a bias: the product of the
     dequantized weight, bit for bit the same on a second call (the partials are added in one order, whichever split
-    ends last), and every counter back at zero after each call."""
-    n, k, group = 320, 1024, 128
-    step, chunk = packed_split_shape(k, group, bits, method == "gptq") or (0, 0)
-    assert k // chunk == 4 and step < chunk  # four splits of two or more K steps each
+    ends last), and every counter back at zero after each call. Four splits of two or more K steps each (the K loop
+    inside a program), and sixteen (the last split adds the partials eight at a time, twice)."""
+    n, group = 320, 128
+    base = LaunchPolicy()
+    policy = dataclasses.replace(base, packed_split_chunk=chunk,
+                                 packed_split_awq_tile=(base.packed_split_awq_tile[0], chunk,
+                                                        base.packed_split_awq_tile[2]))
+    step, got_chunk = packed_split_shape(k, group, bits, method == "gptq", chunk, policy.packed_split_rows) or (0, 0)
+    assert k // got_chunk == splits and (splits == 16 or step < got_chunk)
     w = seeded_randn(n, k, dtype=torch.float32, seed=30, scale=0.1)
     g_idx = torch.arange(k) // group
     if method == "awq":
@@ -143,8 +154,8 @@ def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str
 
     def run() -> torch.Tensor:
         if method == "awq":
-            return awq_gemv(x, *args, group, bias)
-        return gptq_gemv(x, *args, packed["g_idx"].to(DEVICE), bits, bias, group_size=group)
+            return awq_gemv(x, *args, group, bias, policy=policy)
+        return gptq_gemv(x, *args, packed["g_idx"].to(DEVICE), bits, bias, group_size=group, policy=policy)
 
     first = run()
     counters = packed_gemv_module._SPLIT_COUNTERS[first.device]
@@ -153,29 +164,50 @@ def test_grouped_products_split_along_k_add_every_split_in_one_order(method: str
     assert torch.equal(run(), first) and not counters.any()
 
 
-@needs_triton
-@pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_gemv_holds_over_the_range_of_x_its_subnormal_codes_allow(bits: int, dtype: torch.dtype) -> None:
-    """The split kernel reads GPTQ's codes as subnormal floats and scales x by up to 2^85 (packed_gemv.py): exact for
-    |x| below 2^43 and for products above 2^-62. Inputs whose magnitudes span 2^-50 to 2^30 in one row, and codes
-    and zero points at their extremes (0 and 2^bits - 1 in every group, beside random ones), still give the product
-    of the dequantized weight."""
+def split_gemv_over_a_band_of_x(bits: int, dtype: torch.dtype, exponent: int) -> None:
+    """One split GEMV of a row x whose magnitudes all lie in [2^exponent, 1.99 * 2^exponent], codes and zero points
+    at their extremes (0 and 2^bits - 1 in every group, beside random ones), against the product of the
+    dequantized weight."""
     n, k, group = 256, 512, 128
-    gen = torch.Generator().manual_seed(40)
+    gen = torch.Generator().manual_seed(40 + exponent)
     w = seeded_randn(n, k, dtype=torch.float32, seed=41, scale=0.1)
     w[:, ::group] = 0.25  # each group's largest value: its top code
     w[:, 1::group] = -0.25  # and its smallest: code 0
     packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group), torch.arange(k))
     q = qw.unpack_gptq(packed["qweight"], bits, 0)
     assert int(q.min()) == 0 and int(q.max()) == 2**bits - 1
-    exponents = torch.randint(-50, 31, (1, k), generator=gen).double()
     signs = torch.where(torch.rand(1, k, generator=gen) < 0.5, -1.0, 1.0).double()
-    x = (signs * 2.0**exponents).to(dtype)
+    x = (signs * (1 + 0.99 * torch.rand(1, k, generator=gen).double()) * 2.0**exponent).to(dtype)  # bf16 keeps < 2
     args = [packed[name].to(DEVICE) for name in ("qweight", "qzeros", "scales", "g_idx")]
     got = gptq_gemv(x.to(DEVICE), *args, bits, group_size=group)
     assert torch.isfinite(got).all()
     assert_sum_order_close(got, x.to(DEVICE), weight.to(DEVICE), None, False)
+
+
+# Magnitudes of x: where products code * x reach the subnormals' edge (2^-62, up to codes of 2^bits - 1), ones, and
+# just under 2^43, above which x * 2^85 would overflow (packed_gemv.py).
+X_BANDS = [-62, 0, 42]
+
+
+@needs_triton
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("exponent", X_BANDS)
+def test_split_gemv_holds_over_the_range_of_x_its_subnormal_codes_allow(bits: int, dtype: torch.dtype,
+                                                                         exponent: int) -> None:
+    """The split kernel reads GPTQ's codes as subnormal floats and scales x by up to 2^85: each band of x, the
+    smallest and the largest the kernel promises, gives the product of the dequantized weight."""
+    split_gemv_over_a_band_of_x(bits, dtype, exponent)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("exponent", X_BANDS)
+def test_gpu_split_gemv_reads_subnormal_codes_exactly(bits: int, exponent: int) -> None:
+    """On the GPU (the interpreter's NumPy keeps subnormals whatever the compiler would do): a flush-to-zero
+    anywhere on the path would read every code as zero."""
+    split_gemv_over_a_band_of_x(bits, torch.bfloat16, exponent)
 
 
 @pytest.mark.gpu

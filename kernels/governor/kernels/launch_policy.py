@@ -102,23 +102,28 @@ class LaunchPolicy:
     # per llama3-8b layer 66.1 us against 70.3 with the 16-bit tile (down alone: 20.3 against 17.9 us with 4 rows).
     fp8_gemv: GemvConfig = GemvConfig(block_n=8, block_k=4096, num_warps=4)  # noqa: RUF009
     # Whether AWQ's and GPTQ's grouped one-row products split K (`packed_gemv._packed_split_kernel`): on an H200 a
-    # llama3-8b layer (qkv + o + gate_up + down, int4 in groups of 128) took 72.2 us split against 290.8 unsplit in
+    # llama3-8b layer (qkv + o + gate_up + down, int4 in groups of 128) took 72.2 us split against 290.7 unsplit in
     # GPTQ's layout (which AWQ is repacked into at load), 131.3 against 2,328 in AWQ's own (docs/design/gemv.md).
     packed_split: bool = True
-    # The split's tile: output features a program takes, most input features (chunk), most packed rows (int32 words a
-    # column) a K step takes in GPTQ's layout (16: 128 inputs of 4 bits, 64 of 8), and warps. Of 256/512/1,024
+    # The split's tile in GPTQ's layout: output features a program takes, most input features (chunk), most packed
+    # rows (int32 words a column) a K step takes (16: 128 inputs of 4 bits, 64 of 8), and warps. Of 256/512/1,024
     # columns on 2/4/8 warps (every warp along the columns), chunks of 128/256 and steps of 8/16 rows, 256 x 128 on 2
-    # warps with 16-row steps was best over the layer (72.2 us, one K step a program; 256 x 256 on 4 warps, the tile
-    # before, 86.4). gate_up alone is 2 us faster on 1,024 x 256 with 4 warps.
+    # warps with 16-row steps was best over a 4-bit layer (72.2 us, one K step a program; 256 x 256 on 4 warps, the
+    # tile before, 86.4). gate_up alone is 2 us faster on 1,024 x 256 with 4 warps. 8-bit codes take the same tile,
+    # not swept.
     packed_split_block_n: int = 256
     packed_split_chunk: int = 128
     packed_split_rows: int = 16
     packed_split_warps: int = 2
+    # AWQ's own layout (only `awq_gemv` called on AWQ's tensors as stored: the engine repacks them into GPTQ's): its
+    # columns, chunk and warps, the tile it was measured with (131.3 us a layer); on 2 warps its unpacking spills.
+    packed_split_awq_tile: tuple[int, int, int] = (256, 256, 4)
     # Whether the split kernel launches under programmatic dependent launch where `step_pdl` has it. Its programs
     # wait before their first read, so launching early only holds SM slots. An exploratory kernel without PDL (which
     # also added its partials in a loop; not kept) took 75.7 us a layer against the shipped 91.0; the sweep's "no
     # PDL" variant, this field alone, took 90.2 against 91.0 (H200), and 85.5 against 86.4 with the kernel of today
-    # on the tile before: 0.2 us a product, so left on until an end-to-end run says otherwise.
+    # on the 256 x 256 tile: 0.2 us a product, so left on until an end-to-end run says otherwise. Not measured on the
+    # 256 x 128 tile.
     packed_split_pdl: bool = True
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.

@@ -167,7 +167,10 @@ def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
 # - z * sum(x)). A code costs one AND and one FFMA (the kernel before took a shift, a mask, an OR with the exponent
 # of 2^23, a subtraction and an FFMA): the products are bound by instruction issue, not bytes, at these sizes.
 # Subnormal operands are exact in FFMA (Triton compiles without flush-to-zero). Range: |x| below 2^43 (x * 2^85
-# stays finite) and products above 2^-126 * 2^64 stay normal, far outside what activations hold.
+# stays finite); a product code * x below 2^-62 lands among the subnormals and keeps fewer bits (its absolute error
+# stays under 2^-86 a term), which activations that small (SiLU of a large negative input) cannot notice. The zero
+# point applied to the step's sum carries fp32 rounding of sum(code * x), not of sum((code - z) * x): about 2^-25 of
+# the output's scale, as `_packed_gemv_kernel`'s grouped steps do.
 # AWQ's own layout: (code | 0x4B000000) is the float 2^23 + code, and subtracting 2^23 + z gives code - z exactly;
 # each step adds s * sum((q - z) * x) over its group.
 
@@ -267,13 +270,15 @@ _SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED_COUNTERS: list[torch.Tensor] = []  # outgrown buffers, kept: captured CUDA graphs may still point at them
 
 
-def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk: int = 256, max_rows: int = 16
+def packed_split_shape(k: int, group_size: int, bits: int, gptq: bool, max_chunk: int, max_rows: int
                        ) -> tuple[int, int] | None:
     """(K step, chunk) of the split kernel over K inputs in groups of `group_size` consecutive features, or None
     where it does not apply: the step is the largest power of two up to `max_rows` words a column (GPTQ, the policy's
     `packed_split_rows`; 64 inputs for AWQ, whose step unpacks [step, 32, 8] codes) that divides the group and holds
-    whole words, the chunk the step doubled while it stays within `max_chunk` (the policy's `packed_split_chunk`) and
-    divides K."""
+    whole words, the chunk the step doubled while it stays within `max_chunk` (the policy's `packed_split_chunk`;
+    one step where the step alone is larger) and divides K."""
+    if max_rows < 1:
+        raise ValueError(f"packed_split_shape: max_rows must be at least 1, got {max_rows}")
     per = 32 // bits
     if group_size <= 0 or k % group_size:
         return None
@@ -333,20 +338,24 @@ def _packed_launch(name: str, x: torch.Tensor, qweight: torch.Tensor, qzeros: to
     `_packed_gemv_kernel` with the fixed PACKED_BLOCK_N by `packed_k_step`."""
     policy = policy or policy_for(x.device)
     pdl, out = one_row_output(name, x, bias, n, policy)
-    split = packed_split_shape(k, group_size, bits, g_idx is not None, policy.packed_split_chunk,
-                               policy.packed_split_rows) if in_order and policy.packed_split else None
+    # GPTQ's layout (AWQ's repacked into it) takes the policy's tile; AWQ's own its own (its [step, 32, 8] unpacking
+    # spills registers on the 2 warps of GPTQ's tile).
+    gptq = g_idx is not None
+    block_n, max_chunk, warps = ((policy.packed_split_block_n, policy.packed_split_chunk, policy.packed_split_warps)
+                                 if gptq else policy.packed_split_awq_tile)
+    split = packed_split_shape(k, group_size, bits, gptq, max_chunk, policy.packed_split_rows) \
+        if in_order and policy.packed_split else None
     if split is not None:
         step, chunk = split
         splits = k // chunk
-        block_n = policy.packed_split_block_n
         blocks = triton.cdiv(n, block_n)
         pdl = pdl and policy.packed_split_pdl
         ws = torch.empty(splits if splits > 1 else 0, n, dtype=torch.float32, device=x.device)
         _packed_split_kernel[(blocks, splits)](
             x, qweight, qzeros, scales, out if bias is None else bias, ws, _split_counters(x.device, blocks), out, n,
-            K=k, GROUP=group_size, BITS=bits, GPTQ=g_idx is not None, BLOCK_N=block_n, BLOCK_K=step,
+            K=k, GROUP=group_size, BITS=bits, GPTQ=gptq, BLOCK_N=block_n, BLOCK_K=step,
             CHUNK=chunk, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), ZERO_OFFSET=zero_offset,
-            HAS_BIAS=bias is not None, PDL=pdl, num_warps=policy.packed_split_warps, **pdl_launch(pdl),
+            HAS_BIAS=bias is not None, PDL=pdl, num_warps=warps, **pdl_launch(pdl),
         )  # fmt: skip
         return out
     block_k, grouped = packed_k_step(k, group_size, in_order)
