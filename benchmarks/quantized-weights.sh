@@ -19,7 +19,8 @@
 #             bf16 and an fp8 cache (`governor bench kv --weights none,fp8`, short decode and accuracy runs);
 #   gpt-fast  int8 and int4 weight-only (benchmarks/peers/gpt_fast_latency.py; GPT_FAST_DIR, default .peers/gpt-fast);
 #   vllm      vLLM 0.26 on bf16, block-scaled fp8 and AWQ (VLLM_SITE: an unpacked bundle of benchmarks/peers.sh).
-# Each run is its own stage (a failure does not stop the others); results are JSON under $RESULTS_DIR.
+# STAGE's default is "tests governor sweep gpt-fast vllm"; throughput and kv run when named. Each run is its own
+# stage (a failure does not stop the others); results are JSON under $RESULTS_DIR.
 # DRY=1 runs the governor stage on CPU with the small preset (to check the script, not to measure; the small shape
 # has no 128-row blocks, so block-scaled fp8 is left out), and the sweep stage's variants against their references.
 set -uo pipefail
@@ -78,23 +79,25 @@ sweep_run() {
   fi
   [ -s "$RESULTS_DIR/gemv-sweep.json" ]
 }
-thr_model() {  # thr_model SHAPE: the throughput checkpoint of a shape (made once), and its engine flags
-  local preset=${THR_PRESET[0]} dir=/tmp/quant-models/thr-qwen3
-  if [ "$1" = llama3-8b ]; then
-    preset=${THR_PRESET[1]} dir=/tmp/quant-models/thr-llama3
-    [ -f "$dir/config.json" ] || python3 -m governor.engine make-model "$dir" --preset "$preset" --no-weights \
-      --dtype bfloat16 | quiet >&2
-    echo "$dir --load-format dummy"
-  else
-    [ -f "$dir/config.json" ] || python3 -m governor.engine make-model "$dir" --arch qwen3 --preset "$preset" \
-      "${THR_MK[@]}" | quiet >&2
-    echo "$dir"
-  fi
+thr_model() {  # thr_model SHAPE: the throughput checkpoint of a shape (made once, named by its preset), and flags
+  local preset dir
+  case $1 in
+    qwen3-0.6b) preset=${THR_PRESET[0]} dir=/tmp/quant-models/thr-qwen3-${THR_PRESET[0]}
+      [ -f "$dir/config.json" ] || python3 -m governor.engine make-model "$dir" --arch qwen3 --preset "$preset" \
+        "${THR_MK[@]}" | quiet >&2
+      echo "$dir" ;;
+    llama3-8b) preset=${THR_PRESET[1]} dir=/tmp/quant-models/thr-llama3-${THR_PRESET[1]}
+      [ -f "$dir/config.json" ] || python3 -m governor.engine make-model "$dir" --preset "$preset" --no-weights \
+        --dtype bfloat16 | quiet >&2
+      echo "$dir --load-format dummy" ;;
+    *) echo "unknown throughput shape $1 (qwen3-0.6b or llama3-8b)" >&2; return 1 ;;
+  esac
 }
 throughput_run() {  # throughput_run SHAPE SIDE [WEIGHTS]: SIDE governor|vllm, WEIGHTS fp8 (default) or bf16
   local m weights=${3:-fp8} quant=()
   local tag=$1-$2-$weights
   read -r -a m <<< "$(thr_model "$1")"
+  [ ${#m[@]} -gt 0 ] || return 1
   [ "$weights" = fp8 ] && quant=(--quantization fp8)
   rm -f "$RESULTS_DIR/thr-$tag.json"
   if [ "$2" = governor ]; then
