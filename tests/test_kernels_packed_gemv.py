@@ -170,7 +170,7 @@ def split_gemv_over_a_band_of_x(bits: int, dtype: torch.dtype, exponent: int) ->
     dequantized weight."""
     n, k, group = 256, 512, 128
     gen = torch.Generator().manual_seed(40 + exponent)
-    w = seeded_randn(n, k, dtype=torch.float32, seed=41, scale=0.1)
+    w = seeded_randn(n, k, dtype=torch.float32, seed=41, scale=0.1).cpu()  # packed by the test's own code, on CPU
     w[:, ::group] = 0.25  # each group's largest value: its top code
     w[:, 1::group] = -0.25  # and its smallest: code 0
     packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group), torch.arange(k))
