@@ -1,7 +1,7 @@
 """Compile the quantized-weight kernels for a Hopper GPU (sm_90) on any machine, GPU or not: Triton's front end, its
-TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin. What the interpreter cannot
-show (a kernel that Triton cannot lower for the GPU) shows here; whether the cubin computes the right thing is for
-the GPU tests.
+TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin. What the interpreter cannot show
+(a kernel that Triton cannot lower for the GPU) shows here; whether the cubin computes the right thing is for the GPU
+tests.
 
     env -u TRITON_INTERPRET python3 scripts/compile-sm90.py      (PYTHONPATH=engine:kernels:operator)
     env -u TRITON_INTERPRET python3 scripts/compile-sm90.py --sass "packed_split gptq=True bits=4"
@@ -11,8 +11,8 @@ whose name holds TEXT, compiled as the JIT compiles them for 16-byte-aligned ten
 divisible by 16), and for each its registers and SASS instructions by opcode, the whole kernel's and every loop
 body's (cuobjdump from the triton wheel): what a kernel issues per weight, without a GPU profiler. The
 configurations are the shapes of the llama3-8b layers the engine launches them with (K 4,096 or 14,336; AWQ/GPTQ
-groups of 128; fp8 blocks of 128 x 128 and per row; the split GEMV with the launch policy's tile), in bf16, plus the
-float32 variants the tests use.
+groups of 128; fp8 blocks of 128 x 128 and per row; the split GEMV with the launch policy's tile; the norm and
+SiLU·mul kernels that round a W8A8 layer's input), in bf16, plus the float32 variants the tests use.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from governor.kernels import fp8_gemm, fp8_quant, gemv, packed_gemm, packed_gemv
+from governor.kernels.elementwise import row_warps
 from governor.kernels.launch_policy import LaunchPolicy
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -44,12 +45,26 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
     def constexprs(names: str, **values: Any) -> tuple[dict[str, str], dict[str, Any]]:
         return {n: "constexpr" for n in names.split()}, values
 
-    for x, values, out_t, k, g in (("*bf16", False, "*u8", 4096, 0), ("*bf16", True, "*fp32", 4096, 128),
-                                   ("*fp16", True, "*fp16", 14336, 0), ("*fp32", False, "*u8", 4096, 128)):
-        sig, consts = constexprs("K G GROUPS BLOCK VALUES", K=k, G=g or k, GROUPS=k // (g or k),
-                                 BLOCK=min(g or k, 1024), VALUES=values)
-        out.append((f"fp8_quantize x={x} out={out_t} group={g}", fp8_quant._fp8_quantize_kernel,
-                    {"x_ptr": x, "out_ptr": out_t, "scales_ptr": "*fp32", "stride_x": "i32", **sig}, consts, 4))
+    for x, values, out_t, k, g, silu in (("*bf16", False, "*u8", 4096, 0, False),
+                                         ("*bf16", True, "*fp32", 4096, 128, False),
+                                         ("*fp16", True, "*fp16", 14336, 0, False),
+                                         ("*fp32", False, "*u8", 4096, 128, False),
+                                         ("*bf16", True, "*fp32", 14336, 0, True),
+                                         ("*bf16", True, "*fp32", 14336, 128, True),
+                                         ("*bf16", False, "*u8", 20480, 0, False),  # rows longer than a block
+                                         ("*bf16", True, "*fp32", 28672, 0, True)):
+        sig, consts = constexprs("K G GROUPS BLOCK VALUES SILU_MUL", K=k, G=g or k, GROUPS=k // (g or k),
+                                 BLOCK=fp8_quant.quantize_block(g or k), VALUES=values, SILU_MUL=silu)
+        out.append((f"fp8_quantize x={x} out={out_t} group={g} silu_mul={silu}", fp8_quant._fp8_quantize_kernel,
+                    {"x_ptr": x, "out_ptr": out_t, "scales_ptr": "*fp32", "stride_x": "i32", **sig}, consts,
+                    16 if (g or k) >= 2048 else 4))
+    for group, residual in ((0, True), (128, True), (128, False)):  # the norm writing a W8A8 layer's rounded input
+        sig, consts = constexprs("HAS_RESIDUAL G BLOCK PDL", HAS_RESIDUAL=residual, G=group or 4096, BLOCK=4096,
+                                 PDL=True)
+        out.append((f"add_rms_norm_fp8 group={group} residual={residual}", fp8_quant._add_rms_norm_fp8_kernel,
+                    {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*fp32", "h_ptr": "*bf16",
+                     "n": "i32", "eps": "fp32", "stride_x": "i32", "stride_r": "i32", "stride_o": "i32",
+                     "stride_h": "i32", **sig}, consts, row_warps(LaunchPolicy(), 4096)))
     for x, scale, even in (("*bf16", 0, True), ("*bf16", 1, False), ("*bf16", 2, True), ("*fp32", 1, True),
                            ("*fp32", 2, False)):
         per_row = scale == 1

@@ -13,9 +13,16 @@ import torch
 import governor.engine.models.quantization as quantization
 from governor.engine.models.model_config import WeightQuantization
 from governor.engine.models.quantization import QuantizedLinear
-from governor.kernels.elementwise import INTERPRET
+from governor.kernels.elementwise import INTERPRET, add_rms_norm, silu_mul, silu_mul_ref
 from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_ref, fp8_block_k_step
-from governor.kernels.fp8_quant import fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
+from governor.kernels.fp8_quant import (
+    add_rms_norm_fp8,
+    fp8_quantize,
+    fp8_quantize_ref,
+    fp8_round,
+    fp8_round_ref,
+    norm_rounding_supported,
+)
 from governor.kernels.launch_policy import LaunchPolicy
 from tests.conftest import DEVICE, count_calls, needs_triton
 
@@ -54,7 +61,7 @@ def test_the_kernel_rounds_every_value_and_tie_as_pytorch_does() -> None:
 
 @needs_triton
 @pytest.mark.parametrize(("rows", "k", "group"), [(5, 300, 0), (3, 300, 128), (4, 100, 48), (1, 4096, 0),
-                                                  (7, 64, 16), (2, 2500, 0)])
+                                                  (7, 64, 16), (2, 2500, 0), (1, 20000, 0)])  # 20,000: two passes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_codes_scales_and_rounded_values_are_the_references_bit_for_bit(rows: int, k: int, group: int,
                                                                        dtype: torch.dtype) -> None:
@@ -93,6 +100,58 @@ def test_an_all_zero_row_keeps_zero_codes_and_a_positive_scale() -> None:
 def test_a_non_contiguous_input_is_refused() -> None:
     with pytest.raises(ValueError, match="contiguous rows"):
         fp8_quantize(torch.zeros(8, 4, device=DEVICE).t(), 0)
+
+
+@needs_triton
+@pytest.mark.parametrize(("rows", "n", "group"), [(3, 300, 0), (2, 256, 64), (4, 100, 128), (1, 96, 32), (2, 64, 16),
+                                                  (2, 100, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_the_norm_writes_the_rounding_of_its_own_output_bit_for_bit(rows: int, n: int, group: int,
+                                                                    dtype: torch.dtype, with_residual: bool) -> None:
+    """`add_rms_norm_fp8` is `fp8_round` of what `add_rms_norm` writes, bit for bit, its sum too: per token, groups
+    tiling the row, a row narrower than its one group (100 of 128), and rows padded past n (300, 100, 96)."""
+    x = random_rows(rows, n, dtype, seed=n + group).to(DEVICE)
+    residual = random_rows(rows, n, dtype, seed=n + group + 1).to(DEVICE) if with_residual else None
+    weight = (torch.rand(n, generator=torch.Generator().manual_seed(n)) + 0.5).to(dtype).to(DEVICE)
+    got, got_sum = add_rms_norm_fp8(x, residual, weight, 1e-6, group)
+    normed, want_sum = add_rms_norm(x, residual, weight, 1e-6)
+    assert got.dtype == torch.float32 and torch.equal(got, fp8_round_ref(normed, group, torch.float32))
+    assert torch.equal(got_sum, want_sum)
+
+
+@needs_triton
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter's numpy, on inf / inf
+def test_a_nan_in_the_normed_row_makes_its_own_group_nan() -> None:
+    x = random_rows(2, 64, torch.float32, seed=9).to(DEVICE)
+    weight = torch.ones(64, device=DEVICE)
+    weight[40] = float("nan")  # features 32-63 of every row
+    got, _ = add_rms_norm_fp8(x, None, weight, 1e-6, 32)
+    assert got[:, 32:].isnan().all() and got[:, :32].isfinite().all()
+    assert add_rms_norm_fp8(x, None, weight, 1e-6, 0)[0].isnan().all()
+
+
+@needs_triton
+def test_groups_the_norm_kernel_cannot_tile_are_refused() -> None:
+    assert norm_rounding_supported(0, 100) and norm_rounding_supported(128, 100) and norm_rounding_supported(32, 100)
+    assert not norm_rounding_supported(48, 64)
+    with pytest.raises(ValueError, match="groups of 48 over rows of 64"):
+        add_rms_norm_fp8(torch.zeros(1, 64, device=DEVICE), None, torch.ones(64, device=DEVICE), 1e-6, 48)
+
+
+@needs_triton
+@pytest.mark.parametrize(("rows", "k", "group"), [(3, 300, 0), (2, 256, 128), (1, 100, 48), (2, 2500, 0),
+                                                  (1, 17000, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_and_its_rounding_in_one_kernel_are_the_two_kernels_bit_for_bit(rows: int, k: int, group: int,
+                                                                                 dtype: torch.dtype) -> None:
+    gate_up = random_rows(rows, 2 * k, dtype, seed=k + group).clamp(-60, 60).to(DEVICE)
+    got = fp8_round(gate_up, group, torch.float32, silu_mul=True)
+    assert got.shape == (rows, k) and torch.equal(got, fp8_round(silu_mul(gate_up), group, torch.float32))
+    if DEVICE.type == "cpu":  # on a GPU the kernels' exp is Triton's, not PyTorch's: the two kernels are the oracle
+        assert torch.equal(got, fp8_round_ref(silu_mul_ref(gate_up), group, torch.float32))
+    with pytest.raises(ValueError, match="gate_up"):
+        fp8_round(gate_up[:, 1:].contiguous(), group, silu_mul=True)
 
 
 def online_fp8_layer(out_f: int, in_f: int, seed: int) -> tuple[QuantizedLinear, torch.Tensor]:
@@ -207,6 +266,22 @@ def test_the_block_gemm_takes_only_blocks_a_k_step_divides() -> None:
         fp8_block_gemm(codes, torch.ones(2, 1, device=DEVICE), 0,
                        torch.zeros(8, 24, dtype=torch.float8_e4m3fn, device=DEVICE), torch.ones(1, 1, device=DEVICE),
                        (8, 24), None, torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group", [0, 128])
+def test_gpu_rounding_in_the_norm_and_silu_kernels_at_llama3_8b_widths(group: int) -> None:
+    """On the GPU, at the llama3-8b shape's widths (4,096 hidden, 14,336 intermediate): the fused rounding gives
+    exactly what the separate kernels give there."""
+    x, residual = (random_rows(1, 4096, torch.bfloat16, seed=s).cuda() for s in (10, 11))
+    weight = (torch.rand(4096, device="cuda") + 0.5).bfloat16()
+    got, got_sum = add_rms_norm_fp8(x, residual, weight, 1e-5, group)
+    normed, want_sum = add_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(got, fp8_round(normed, group, torch.float32)) and torch.equal(got_sum, want_sum)
+    gate_up = (torch.randn(1, 2 * 14336, device="cuda") * 3).bfloat16()
+    assert torch.equal(fp8_round(gate_up, group, torch.float32, silu_mul=True),
+                       fp8_round(silu_mul(gate_up), group, torch.float32))
 
 
 @pytest.mark.gpu

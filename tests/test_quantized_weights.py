@@ -21,11 +21,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from governor.engine import LLM
+import governor.engine.models.quantization as quantization
+from governor.engine import LLM, SamplingParams
 from governor.engine.models.checkpoint import dummy_weights
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization, load_model_config
 from governor.engine.models.quantization import QuantizedLinear, dummy_linear_tensors
-from tests.conftest import build_hf_checkpoint, count_calls
+from governor.kernels.launch_policy import LaunchPolicy
+from tests.conftest import build_hf_checkpoint, count_calls, needs_triton
 from tests.test_engine_parity import engine_prompt_logits, greedy, hf_greedy, mixed_prompts
 
 NEW_TOKENS = 12
@@ -616,6 +618,54 @@ def test_triton_backend_runs_batched_steps_through_packed_gemms(quantized, hf_mo
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(3, seed=50, lo=2, hi=12), n=4,
                          w8a8=scheme.activation_group)
     assert calls[kernel] >= 4 * 2 * 2  # (qkv, o, gate_up, down) x layers x (prefill, batched decode)
+
+
+@pytest.mark.parametrize("case", ["qwen3-32x64", "online-fp8"])
+def test_one_row_w8a8_steps_round_their_inputs_in_the_kernels_that_write_them(quantized, online_fp8, monkeypatch,
+                                                                               case: str) -> None:
+    """On the fused path a one-row step of a W8A8 model rounds qkv's and gate_up's inputs in the add + RMSNorm kernel
+    and down's in a SiLU·mul kernel, leaving o_proj the only rounding kernel a layer runs: greedy tokens and their
+    logprobs are bit for bit those of the separate kernels."""
+    import governor.engine.models.llama as llama
+
+    if case == "online-fp8":
+        llm = LLM(str(online_fp8("llama")[0]), dtype="float32", quantization="fp8", attention_backend="triton")
+    else:
+        llm = LLM(str(quantized(*FP8_CASES[case])[0]), dtype="float32", attention_backend="triton")
+    norms = count_calls(monkeypatch, llama, "add_rms_norm_fp8")
+    silu_rounds = count_calls(monkeypatch, llama, "fp8_round")
+    rounds = count_calls(monkeypatch, quantization, "fp8_round")
+    prompt = {"prompt_token_ids": mixed_prompts(1, seed=12, lo=3, hi=9)[0]}
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
+    fused = llm.generate([prompt], params)[0].outputs[0]  # one row a decode step
+    layers, decode_steps = len(llm.engine.model.decoder_layers), 2
+    assert norms["add_rms_norm_fp8"] == 2 * layers * decode_steps
+    assert silu_rounds["fp8_round"] == layers * decode_steps
+    fused_rounds = rounds["fp8_round"]
+    monkeypatch.setattr(QuantizedLinear, "one_row_rounding", lambda *_: None)  # the separate kernels
+    separate = llm.generate([prompt], params)[0].outputs[0]
+    assert norms["add_rms_norm_fp8"] == 2 * layers * decode_steps  # not called again
+    # The layers' own rounding kernels: three a layer and decode step fewer (only o_proj's is left).
+    assert rounds["fp8_round"] - fused_rounds == fused_rounds + 3 * layers * decode_steps
+    assert fused.token_ids == separate.token_ids and fused.logprobs == separate.logprobs
+
+
+@needs_triton
+def test_only_groups_the_norm_kernel_can_form_are_rounded_there() -> None:
+    """Groups that are a power of two, or one per token, tile the norm kernel's row; 48 features of 64 do not, and
+    that layer rounds its input in its own kernel. Several rows, weight-only layers and the reference path never."""
+    kernels, row = LaunchPolicy(), torch.zeros(1, 64)
+
+    def layer(group: int | None, block: tuple[int, int] | None = (16, 16)) -> QuantizedLinear:
+        return QuantizedLinear(WeightQuantization("fp8", 8, -1, block_size=block, activation_group=group), 64, (32,),
+                               torch.device("cpu"))
+
+    assert layer(16).one_row_rounding(row, kernels) == 16
+    assert layer(0, None).one_row_rounding(row, kernels) == 0
+    assert layer(48, (16, 48)).one_row_rounding(row, kernels) is None
+    assert layer(16).one_row_rounding(torch.zeros(2, 64), kernels) is None  # the e4m3 GEMMs take codes
+    assert layer(None).one_row_rounding(row, kernels) is None  # weight-only
+    assert layer(16).one_row_rounding(row, None) is None  # the reference path
 
 
 @pytest.mark.gpu

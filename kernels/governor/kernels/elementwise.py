@@ -117,6 +117,15 @@ def rms_scale(x, rstd, w, dtype: tl.constexpr):
 
 
 @triton.jit
+def silu_mul_values(gu_row, cols, mask, n, dtype: tl.constexpr):
+    """SiLU(gate) * up at `cols` of one gate_up row ([gate | up], n each) in fp32, rounded where `silu_mul_ref`
+    rounds; zero where masked."""
+    gate = tl.load(gu_row + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu_row + n + cols, mask=mask, other=0.0).to(tl.float32)
+    return round_to(round_to(gate / (1.0 + tl.exp(-gate)), dtype) * up, dtype)
+
+
+@triton.jit
 def rotate(x, x_half, cos, sin, dtype: tl.constexpr):
     """`rotate_ref` of one head: x, x rolled by D/2, cos and signed sin, all fp32; rounded as the reference."""
     return round_to(round_to(x * cos, dtype) + round_to(x_half * sin, dtype), dtype)
@@ -137,18 +146,28 @@ def norm_row_start(w_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
-                         stride_x, stride_r, stride_o, stride_h,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    # One program per row.
-    row = tl.program_id(0).to(tl.int64)
-    dtype = out_ptr.dtype.element_ty
+def add_rms_norm_row(x_ptr, res_ptr, w_ptr, h_ptr, row, n, eps, stride_x, stride_r, stride_h,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """One row of `add_rms_norm_ref` in a one-program-per-row kernel: stores x + residual (HAS_RESIDUAL) and returns
+    (the normed row in fp32, rounded to x's dtype where the reference rounds, its columns, their mask); zero past n."""
+    dtype = x_ptr.dtype.element_ty
     cols, mask, w = norm_row_start(w_ptr, n, BLOCK, PDL)
     h = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         h = round_to(h + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32), dtype)
         tl.store(h_ptr + row * stride_h + cols, h.to(dtype), mask=mask)
-    tl.store(out_ptr + row * stride_o + cols, rms_scale(h, rms_rstd(h, n, eps), w, dtype).to(dtype), mask=mask)
+    return rms_scale(h, rms_rstd(h, n, eps), w, dtype), cols, mask
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps,
+                         stride_x, stride_r, stride_o, stride_h,
+                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # One program per row.
+    row = tl.program_id(0).to(tl.int64)
+    normed, cols, mask = add_rms_norm_row(x_ptr, res_ptr, w_ptr, h_ptr, row, n, eps, stride_x, stride_r, stride_h,
+                                          HAS_RESIDUAL, BLOCK, PDL)
+    tl.store(out_ptr + row * stride_o + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, *,
@@ -182,10 +201,8 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n, stride_gu, stride_o, BLOCK: tl.constexp
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
     dtype = out_ptr.dtype.element_ty
-    gate = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gu_ptr + row * stride_gu + n + cols, mask=mask, other=0.0).to(tl.float32)
-    silu = round_to(gate / (1.0 + tl.exp(-gate)), dtype)
-    tl.store(out_ptr + row * stride_o + cols, round_to(silu * up, dtype).to(dtype), mask=mask)
+    tl.store(out_ptr + row * stride_o + cols, silu_mul_values(gu_ptr + row * stride_gu, cols, mask, n, dtype).to(dtype),
+             mask=mask)
 
 
 def silu_mul(gate_up: torch.Tensor, *, policy: LaunchPolicy | None = None) -> torch.Tensor:

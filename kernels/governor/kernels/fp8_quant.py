@@ -19,6 +19,11 @@ one-row fp8 GEMV; in float32, so that it multiplies what the GEMMs of the codes 
 rounded magnitude (float32's bits with the 20 dropped ones cleared, or the subnormal count times 2^-9, both exact)
 times the scale instead of the code. A NaN or an infinity in a slice makes the slice's scale and codes NaN, as in
 PyTorch (infinity over infinity); every other slice is unaffected.
+
+Before a one-row W8A8 layer the rounding rides on the kernel that writes the layer's input, so that a decode step
+runs no kernel of its own for it: `add_rms_norm_fp8` is `add_rms_norm` writing the rounded normed row (the input of
+qkv and gate_up), and `fp8_round(gate_up, group, silu_mul=True)` rounds SiLU(gate)·up as it computes it (the input
+of down). Both give exactly the values of the reference on the row the unfused kernels would have written.
 """
 
 from __future__ import annotations
@@ -28,11 +33,20 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from governor.kernels.elementwise import round_to, triton_usable
+from governor.kernels.elementwise import (
+    add_rms_norm_row,
+    chain_pdl,
+    pdl_launch,
+    round_to,
+    row_warps,
+    silu_mul_values,
+    triton_usable,
+)
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 E4M3_MAX = 448.0
 FP8_DTYPE = torch.float8_e4m3fn
-_BLOCK_MAX = 1024  # features a program reads at a time
+_BLOCK_MAX = 16384  # features a program holds at a time (a group up to this long is read once)
 
 
 def fp8_quantize_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,48 +94,97 @@ def _e4m3(v, VALUES: tl.constexpr):
 
 
 @triton.jit
+def _group_scale(amax, nans):
+    # A group's scale from its largest magnitude and whether it holds a NaN (the GPU's maximum drops NaNs, so they
+    # are counted apart): NaN then, as in PyTorch.
+    scale = tl.maximum(tl.math.div_rn(amax, 448.0), 1.1754943508222875e-38)
+    return tl.where(nans > 0, tl.full(scale.shape, 0x7FC00000, tl.int32).to(tl.float32, bitcast=True), scale)
+
+
+@triton.jit
+def e4m3_round_row(x, G: tl.constexpr, BLOCK: tl.constexpr):
+    """A row held by one program (fp32 [BLOCK], zero past its values) as `fp8_round_ref` rounds it with groups of G
+    features (G divides BLOCK; G = BLOCK: one scale for the row), in float32."""
+    xg = tl.reshape(x, [BLOCK // G, G])
+    scale = _group_scale(tl.max(tl.abs(xg), 1), tl.max((xg != xg).to(tl.int32), 1))[:, None]
+    return tl.reshape(_e4m3(tl.math.div_rn(xg, scale), True) * scale, [BLOCK])
+
+
+@triton.jit
+def _x_values(x_row, cols, mask, K: tl.constexpr, SILU_MUL: tl.constexpr):
+    # x's values at cols in fp32; SILU_MUL: SiLU(gate)·up of the gate_up row [gate | up] (K each), rounded as
+    # `silu_mul_ref` rounds in x's dtype.
+    if SILU_MUL:
+        return silu_mul_values(x_row, cols, mask, K, x_row.dtype.element_ty)
+    return tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _fp8_quantize_kernel(x_ptr, out_ptr, scales_ptr, stride_x, K: tl.constexpr, G: tl.constexpr,
-                         GROUPS: tl.constexpr, BLOCK: tl.constexpr, VALUES: tl.constexpr):
+                         GROUPS: tl.constexpr, BLOCK: tl.constexpr, VALUES: tl.constexpr, SILU_MUL: tl.constexpr):
     # One program per (row, group): the group's largest magnitude, then its codes (or the values they stand for).
+    # A group of up to BLOCK features is read once and held in registers; a longer one is read twice, a BLOCK at a
+    # time (its largest magnitude first). A serial loop over a long row is latency-bound: one 14,336-feature row
+    # (SiLU·mul computed in each pass) took about 15 us in 1,024-feature tiles on an H200.
     row = tl.program_id(0).to(tl.int64)
     gi = tl.program_id(1)
     start = gi * G
     x_row = x_ptr + row * stride_x
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    nans = tl.zeros([BLOCK], dtype=tl.int32)  # the GPU's maximum drops NaNs: they are counted apart
-    for off in range(0, G, BLOCK):
-        cols = start + off + tl.arange(0, BLOCK)
-        mask = (cols < K) & (off + tl.arange(0, BLOCK) < G)
-        xv = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(xv))
-        nans = tl.maximum(nans, (xv != xv).to(tl.int32))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), 448.0), 1.1754943508222875e-38)
-    scale = tl.where(tl.max(nans, 0) > 0, tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True), scale)
-    tl.store(scales_ptr + row * GROUPS + gi, scale)
-    for off in range(0, G, BLOCK):
-        cols = start + off + tl.arange(0, BLOCK)
-        mask = (cols < K) & (off + tl.arange(0, BLOCK) < G)
-        v = tl.math.div_rn(tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32), scale)
-        if VALUES:
-            dtype = out_ptr.dtype.element_ty
-            tl.store(out_ptr + row * K + cols, round_to(_e4m3(v, True) * scale, dtype).to(dtype), mask=mask)
-        else:
-            tl.store(out_ptr + row * K + cols, _e4m3(v, False).to(tl.uint8), mask=mask)
+    if G <= BLOCK:
+        cols = start + tl.arange(0, BLOCK)
+        mask = (cols < K) & (tl.arange(0, BLOCK) < G)
+        xv = _x_values(x_row, cols, mask, K, SILU_MUL)
+        scale = _group_scale(tl.max(tl.abs(xv), 0), tl.max((xv != xv).to(tl.int32), 0))
+        tl.store(scales_ptr + row * GROUPS + gi, scale)
+        _store_e4m3(out_ptr + row * K + cols, tl.math.div_rn(xv, scale), scale, mask, VALUES)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        nans = tl.zeros([BLOCK], dtype=tl.int32)
+        for off in range(0, G, BLOCK):
+            cols = start + off + tl.arange(0, BLOCK)
+            mask = (cols < K) & (off + tl.arange(0, BLOCK) < G)
+            xv = _x_values(x_row, cols, mask, K, SILU_MUL)
+            amax = tl.maximum(amax, tl.abs(xv))
+            nans = tl.maximum(nans, (xv != xv).to(tl.int32))
+        scale = _group_scale(tl.max(amax, 0), tl.max(nans, 0))
+        tl.store(scales_ptr + row * GROUPS + gi, scale)
+        for off in range(0, G, BLOCK):
+            cols = start + off + tl.arange(0, BLOCK)
+            mask = (cols < K) & (off + tl.arange(0, BLOCK) < G)
+            _store_e4m3(out_ptr + row * K + cols, tl.math.div_rn(_x_values(x_row, cols, mask, K, SILU_MUL), scale),
+                        scale, mask, VALUES)
 
 
-def _launch(x: torch.Tensor, group: int, out: torch.Tensor) -> torch.Tensor:
-    """The scales; `out` gets the codes (uint8) or the rounded values (in its own dtype)."""
-    rows, k = x.shape
+@triton.jit
+def _store_e4m3(out, v, scale, mask, VALUES: tl.constexpr):
+    # v = x / scale rounded to e4m3: its codes (uint8), or (VALUES) the values they stand for in out's dtype.
+    if VALUES:
+        dtype = out.dtype.element_ty
+        tl.store(out, round_to(_e4m3(v, True) * scale, dtype).to(dtype), mask=mask)
+    else:
+        tl.store(out, _e4m3(v, False).to(tl.uint8), mask=mask)
+
+
+def quantize_block(group: int) -> int:
+    """The features a quantizing program holds at a time for groups of `group` (a power of two)."""
+    return min(triton.next_power_of_2(group), _BLOCK_MAX)
+
+
+def _launch(x: torch.Tensor, group: int, out: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
+    """The scales; `out` gets the codes (uint8) or the rounded values (in its own dtype), of x or (`silu_mul`) of
+    SiLU(gate)·up of x = [gate | up]."""
+    rows, k = out.shape
     g = group or k
     groups = -(-k // g)
     scales = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
     if rows:
-        # A group of thousands of features is one program's serial loop: 16 warps took a one-row quantization of
-        # 4,096 features from 3.6 to 2.1 us on an H200, of 14,336 from 10.3 to 4.0 (docs/design/gemv.md; the sweep,
-        # scripts/quantized-gemv-sweep.py, times the launch as shipped).
+        # A group of thousands of features is one program's: 16 warps took a one-row quantization of 4,096 features
+        # from 3.6 to 2.1 us on an H200, of 14,336 from 10.3 to 4.0, in tiles of 1,024 (docs/design/gemv.md; the
+        # sweep, scripts/quantized-gemv-sweep.py, times the launch as shipped).
         _fp8_quantize_kernel[(rows, groups)](x, out, scales, x.stride(0), K=k, G=g, GROUPS=groups,
-                                             BLOCK=min(triton.next_power_of_2(g), _BLOCK_MAX),
-                                             VALUES=out.dtype != torch.uint8, num_warps=16 if g >= 2048 else 4)
+                                             BLOCK=quantize_block(g),
+                                             VALUES=out.dtype != torch.uint8, SILU_MUL=silu_mul,
+                                             num_warps=16 if g >= 2048 else 4)
     return scales
 
 
@@ -138,9 +201,56 @@ def fp8_quantize(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tenso
     return codes.view(FP8_DTYPE), _launch(x, group, codes)
 
 
-def fp8_round(x: torch.Tensor, group: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`fp8_round_ref` in one Triton kernel, for the same x as `fp8_quantize`."""
+def fp8_round(x: torch.Tensor, group: int, dtype: torch.dtype | None = None, *, silu_mul: bool = False
+              ) -> torch.Tensor:
+    """`fp8_round_ref` in one Triton kernel, for the same x as `fp8_quantize`; `silu_mul`: of `silu_mul_ref(x)`
+    for x = gate_up [rows, 2K], computed in the same kernel (its intermediate rounded in x's dtype)."""
     _check(x, "fp8_round")
-    out = torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
-    _launch(x, group, out)
+    if silu_mul and x.shape[1] % 2:
+        raise ValueError(f"fp8_round: silu_mul needs gate_up [rows, 2K], got {tuple(x.shape)}")
+    out = torch.empty(x.shape[0], x.shape[1] // 2 if silu_mul else x.shape[1], dtype=dtype or x.dtype,
+                      device=x.device)
+    _launch(x, group, out, silu_mul)
     return out
+
+
+def norm_rounding_supported(group: int, n: int) -> bool:
+    """Whether `add_rms_norm_fp8` rounds rows of n features in groups of `group` (0: per token): the row is one
+    group, or the groups are a power of two (they tile the program's padded row)."""
+    return group == 0 or group >= n or (group & (group - 1)) == 0
+
+
+@triton.jit
+def _add_rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, n, eps, stride_x, stride_r, stride_o, stride_h,
+                             HAS_RESIDUAL: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    # One program per row: `elementwise._add_rms_norm_kernel`, storing the normed row rounded to e4m3's values.
+    row = tl.program_id(0).to(tl.int64)
+    normed, cols, mask = add_rms_norm_row(x_ptr, res_ptr, w_ptr, h_ptr, row, n, eps, stride_x, stride_r, stride_h,
+                                          HAS_RESIDUAL, BLOCK, PDL)
+    tl.store(out_ptr + row * stride_o + cols, e4m3_round_row(normed, G, BLOCK), mask=mask)
+
+
+def add_rms_norm_fp8(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, group: int, *,
+                     policy: LaunchPolicy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8_round_ref(norm(x + residual), group, float32), x + residual) in one kernel, for x [T, n] (and the
+    residual) with contiguous rows on a Triton device: `elementwise.add_rms_norm` writing what the W8A8 layer after
+    it multiplies instead of the normed row (`norm_rounding_supported(group, n)` must hold)."""
+    _check(x, "add_rms_norm_fp8")
+    t, n = x.shape
+    if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
+        raise ValueError(f"add_rms_norm_fp8: the residual must be [T, n] like x {tuple(x.shape)} with contiguous rows")
+    if not norm_rounding_supported(group, n):
+        raise ValueError(f"add_rms_norm_fp8: groups of {group} over rows of {n} features: needs per-token scales, "
+                         "one group per row, or groups of a power of two")
+    out = torch.empty(t, n, dtype=torch.float32, device=x.device)
+    h = x if residual is None else torch.empty_like(x)
+    if t:
+        policy = policy or policy_for(x.device)
+        block = triton.next_power_of_2(n)
+        r = x if residual is None else residual  # never read without a residual
+        pdl = chain_pdl(policy, x.device)
+        _add_rms_norm_fp8_kernel[(t,)](x, r, weight, out, h, n, eps, x.stride(0), r.stride(0), out.stride(0),
+                                       h.stride(0), HAS_RESIDUAL=residual is not None,
+                                       G=block if group == 0 or group >= n else group, BLOCK=block, PDL=pdl,
+                                       num_warps=row_warps(policy, n), **pdl_launch(pdl))
+    return out, h

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from governor.kernels.elementwise import chain_pdl, pdl_launch, round_to, silu_mul_ref, triton_usable
+from governor.kernels.elementwise import chain_pdl, pdl_launch, round_to, silu_mul_ref, silu_mul_values, triton_usable
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 
 
@@ -55,9 +55,7 @@ def x_tile(x_ptr, ks, K: tl.constexpr, SILU_MUL: tl.constexpr, dtype: tl.constex
     # x is a few KB: its mask costs nothing.
     x_mask = ks < K
     if SILU_MUL:
-        gate = tl.load(x_ptr + ks, mask=x_mask, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + K + ks, mask=x_mask, other=0.0).to(tl.float32)
-        return round_to(round_to(gate / (1.0 + tl.exp(-gate)), dtype) * up, dtype)
+        return silu_mul_values(x_ptr, ks, x_mask, K, dtype)
     return tl.load(x_ptr + ks, mask=x_mask, other=0.0).to(tl.float32)
 
 

@@ -33,9 +33,10 @@ from torch import nn
 from governor.engine.attention import AttentionMetadata, PagedAttention
 from governor.engine.models.checkpoint import LazyTensor, read_share
 from governor.engine.models.model_config import ModelConfig, RopeConfig
-from governor.engine.models.quantization import FP8_METHODS, PACKED_TENSORS, QuantizedLinear
+from governor.engine.models.quantization import FP8_METHODS, PACKED_TENSORS, QuantizedLinear, RoundedInput
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
+from governor.kernels.fp8_quant import add_rms_norm_fp8, fp8_round
 from governor.kernels.gemv import gemv, gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy, policy_for
 from governor.kernels.paged_attention import rotary_write_kv
@@ -54,13 +55,14 @@ def _weight(cfg: ModelConfig, out_parts: tuple[int, ...], in_features: int, dtyp
     return QuantizedLinear(cfg.quantization, in_features, out_parts, device, split, tp.rank, tp.size)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None,
+def linear(x: torch.Tensor | RoundedInput, w: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None,
            kernels: LaunchPolicy | None) -> torch.Tensor:
     """F.linear(x, w, bias); on the fused path (`kernels`: its launch policy) a one-token step streams w through
     `gemv` instead. A quantized `w` runs its own forward (`QuantizedLinear.forward`: its one-row GEMV on the fused
-    path, else the reference dequantize path)."""
+    path, else the reference dequantize path), which also takes an input rounded for it (`RoundedInput`)."""
     if isinstance(w, QuantizedLinear):
         return w(x, bias, kernels)
+    assert isinstance(x, torch.Tensor), "only a W8A8 layer takes a rounded input"
     if kernels is not None and gemv_usable(x, w):
         return gemv(x, w, bias, policy=kernels)
     return F.linear(x, w, bias)
@@ -148,7 +150,7 @@ class Attention(nn.Module):
         self.k_amax = k_amax if self.k_amax is None else torch.maximum(self.k_amax, k_amax)
         self.v_amax = v_amax if self.v_amax is None else torch.maximum(self.v_amax, v_amax)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor | None,
+    def forward(self, x: torch.Tensor | RoundedInput, positions: torch.Tensor, cos_sin: torch.Tensor | None,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """o_proj's output (under tensor parallelism this rank's partial sum). `cos_sin`: the step's `Rotary.lookup`
         rows, or None for the fused path (Triton backend), where one kernel norms (Qwen3) and rotates q and k and
@@ -191,13 +193,18 @@ class MLP(nn.Module):
         self.gate_up_weight = _weight(cfg, (cfg.intermediate_size,) * 2, cfg.hidden_size, dtype, device, tp, "out")
         self.down_weight = _weight(cfg, (cfg.hidden_size,), cfg.intermediate_size, dtype, device, tp, "in")
 
-    def forward(self, x: torch.Tensor, kernels: LaunchPolicy | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | RoundedInput, kernels: LaunchPolicy | None) -> torch.Tensor:
         """down_proj's output (under tensor parallelism this rank's partial sum)."""
         gate_up = linear(x, self.gate_up_weight, None, kernels)
+        group = self.down_weight.one_row_rounding(gate_up, kernels) if isinstance(self.down_weight,
+                                                                                 QuantizedLinear) else None
         if kernels is None:
             down = linear(elementwise.silu_mul_ref(gate_up), self.down_weight, None, None)
         elif isinstance(self.down_weight, torch.Tensor) and gemv_usable(gate_up, self.down_weight):
             down = gemv(gate_up, self.down_weight, silu_mul=True, policy=kernels)  # SiLU·mul folded into the GEMV
+        elif group is not None:  # W8A8, one row: SiLU·mul and the input's rounding in one kernel
+            down = linear(RoundedInput(fp8_round(gate_up, group, torch.float32, silu_mul=True), gate_up.dtype),
+                          self.down_weight, None, kernels)
         else:
             down = linear(elementwise.silu_mul(gate_up, policy=kernels), self.down_weight, None, kernels)
         return down
@@ -274,15 +281,22 @@ class CausalLM(nn.Module):
             self.embed_tokens.dtype)
 
     def _sum_add_norm(self, norm: RMSNorm, partial: torch.Tensor, residual: torch.Tensor | None,
-                      kernels: LaunchPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+                      kernels: LaunchPolicy | None, consumer: torch.Tensor | QuantizedLinear | None = None
+                      ) -> tuple[torch.Tensor | RoundedInput, torch.Tensor]:
         """`norm.add_forward` of the ranks' sum of `partial` (a row-parallel matmul's output or the embedding): the
         all-reduce, residual add and norm in one kernel where the peer-to-peer memory takes the message (a decode
-        step's), else the all-reduce then the norm. With one rank the sum is `partial` itself."""
+        step's), else the all-reduce then the norm. With one rank the sum is `partial` itself. When the layer the
+        norm feeds (`consumer`) is a one-row W8A8 step, the norm kernel writes its input rounded for it."""
         if kernels is not None and self.tp.p2p is not None:
             fused = self.tp.p2p.add_rms_norm(partial, residual, norm.weight, norm.eps, kernels)
             if fused is not None:
                 return fused
-        return norm.add_forward(self.tp.all_reduce(partial), residual, kernels)
+        summed = self.tp.all_reduce(partial)
+        group = consumer.one_row_rounding(summed, kernels) if isinstance(consumer, QuantizedLinear) else None
+        if group is not None:
+            rounded, summed_residual = add_rms_norm_fp8(summed, residual, norm.weight, norm.eps, group, policy=kernels)
+            return RoundedInput(rounded, summed.dtype), summed_residual
+        return norm.add_forward(summed, residual, kernels)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -294,11 +308,14 @@ class CausalLM(nn.Module):
         residual: torch.Tensor | None = None  # the residual stream; h is the last block's output (a partial sum
         # under tensor parallelism)
         for layer, kv_cache in zip(self.decoder_layers, kv_caches, strict=True):
-            x, residual = self._sum_add_norm(layer.input_layernorm, h, residual, kernels)
+            x, residual = self._sum_add_norm(layer.input_layernorm, h, residual, kernels, layer.self_attn.qkv_weight)
             h = layer.self_attn(x, positions, cos_sin, kv_cache, meta)
-            x, residual = self._sum_add_norm(layer.post_attention_layernorm, h, residual, kernels)
+            x, residual = self._sum_add_norm(layer.post_attention_layernorm, h, residual, kernels,
+                                             layer.mlp.gate_up_weight)
             h = layer.mlp(x, kernels)
-        return self._sum_add_norm(self.norm, h, residual, kernels)[0]
+        hidden = self._sum_add_norm(self.norm, h, residual, kernels)[0]
+        assert isinstance(hidden, torch.Tensor)  # the final norm feeds lm_head, never a W8A8 layer
+        return hidden
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -74,7 +75,15 @@ from governor.engine.models.make_model import INIT_STD, tensor_generator
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
 from governor.kernels.elementwise import triton_usable
 from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_usable
-from governor.kernels.fp8_quant import E4M3_MAX, FP8_DTYPE, fp8_quantize, fp8_quantize_ref, fp8_round, fp8_round_ref
+from governor.kernels.fp8_quant import (
+    E4M3_MAX,
+    FP8_DTYPE,
+    fp8_quantize,
+    fp8_quantize_ref,
+    fp8_round,
+    fp8_round_ref,
+    norm_rounding_supported,
+)
 from governor.kernels.gemv import fp8_gemv, fp8_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
 from governor.kernels.packed_gemm import packed_gemm, packed_gemm_usable
@@ -85,6 +94,17 @@ PACKED_TENSORS = ("qweight", "qzeros", "scales", "g_idx")  # AWQ and GPTQ
 FP8_TENSORS = ("weight", "weight_scale_inv")  # block-scaled fp8
 CT_TENSORS = ("weight", "weight_scale")  # compressed-tensors float-quantized: the same e4m3 codes times the scale
 FP8_METHODS = ("fp8", "compressed-tensors")
+
+
+@dataclass(frozen=True)
+class RoundedInput:
+    """A one-row W8A8 layer's input as `fp8_round` rounds it (float32 values, [1, K]), written so by the kernel
+    before the layer (the add + RMSNorm, `fp8_quant.add_rms_norm_fp8`, or SiLU·mul, `fp8_round(..., silu_mul=True)`),
+    and the dtype the layer's output takes (the model's): the layer multiplies it as it is, with no rounding kernel
+    of its own (`QuantizedLinear.one_row_rounding`)."""
+
+    values: torch.Tensor
+    dtype: torch.dtype
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -438,12 +458,25 @@ class QuantizedLinear(nn.Module):
         w = (q - z[g]).float() * self.scales.float()[g]  # [in, out]
         return w.t().to(dtype)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, kernels: LaunchPolicy | None = None
-                ) -> torch.Tensor:
-        """x @ W.T (+ bias) in x's dtype. W8A8 layers quantize x first (`_w8a8`). On the fused path (`kernels`: its
-        launch policy) a one-row step streams the packed bytes through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step
-        of a few rows of AWQ or GPTQ through `packed_gemm`; otherwise W is dequantized on every call (the reference
-        path; slow on a GPU)."""
+    def one_row_rounding(self, x: torch.Tensor, kernels: LaunchPolicy | None) -> int | None:
+        """The activation group (0: per token) by which the kernel writing this layer's input may round it for the
+        layer (`RoundedInput`), or None. x: that kernel's input, [rows, ...] on the step's device. Rounded inputs are
+        taken by one-row steps of a W8A8 layer on the fused path (`kernels`), with groups the norm kernel can form
+        (`norm_rounding_supported`); several rows go to the e4m3 GEMMs, which take codes."""
+        if (kernels is None or self.method not in FP8_METHODS or not self.quantize_activations or x.dim() != 2
+                or x.shape[0] != 1 or not triton_usable(x)):
+            return None
+        assert self.activation_group is not None
+        return self.activation_group if norm_rounding_supported(self.activation_group, self.in_features) else None
+
+    def forward(self, x: torch.Tensor | RoundedInput, bias: torch.Tensor | None = None,
+                kernels: LaunchPolicy | None = None) -> torch.Tensor:
+        """x @ W.T (+ bias) in x's dtype. W8A8 layers quantize x first (`_w8a8`), unless x comes rounded
+        (`RoundedInput`). On the fused path (`kernels`: its launch policy) a one-row step streams the packed bytes
+        through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step of a few rows of AWQ or GPTQ through `packed_gemm`;
+        otherwise W is dequantized on every call (the reference path; slow on a GPU)."""
+        if isinstance(x, RoundedInput):
+            return self._times_rounded(x.values, bias, kernels, x.dtype)
         if self.method in FP8_METHODS and self.quantize_activations:
             return self._w8a8(x, bias, kernels)
         if kernels is not None and self.method in FP8_METHODS and fp8_gemv_usable(x, self.weight):
@@ -481,9 +514,13 @@ class QuantizedLinear(nn.Module):
             # The values the codes stand for, in float32, times the exact weight: what the GEMMs of the codes above
             # compute (exact products, float32 sums, one rounding), so a token's result does not depend on its step.
             rounded = (fp8_round if fused else fp8_round_ref)(flat, group, torch.float32)
-            if kernels is not None and fp8_gemv_usable(rounded, self.weight):
-                y = fp8_gemv(rounded, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels,
-                             out_dtype=x.dtype)
-            else:
-                y = nn.functional.linear(rounded, self.dequantize(), None if bias is None else bias.float()).to(x.dtype)
+            y = self._times_rounded(rounded, bias, kernels, x.dtype)
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    def _times_rounded(self, rounded: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None,
+                       dtype: torch.dtype) -> torch.Tensor:
+        """W8A8's input already rounded (float32 [rows, K]) times the exact weight, rounded once to `dtype`."""
+        if kernels is not None and fp8_gemv_usable(rounded, self.weight):
+            return fp8_gemv(rounded, self.weight, self.weight_scale_inv, self.block_size, bias, policy=kernels,
+                            out_dtype=dtype)
+        return nn.functional.linear(rounded, self.dequantize(), None if bias is None else bias.float()).to(dtype)
