@@ -1,7 +1,7 @@
-"""Compile the quantized-weight kernels for a Hopper GPU (sm_90) on any machine, GPU or not: Triton's front end, its
-TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin. What the interpreter cannot show
-(a kernel that Triton cannot lower for the GPU) shows here; whether the cubin computes the right thing is for the GPU
-tests.
+"""Compile the quantized-weight kernels and the argmax of greedy steps for a Hopper GPU (sm_90) on any machine, GPU or
+not: Triton's front end, its TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin.
+What the interpreter cannot show (a kernel that Triton cannot lower for the GPU, or that reads a global the GPU
+compiler refuses) shows here; whether the cubin computes the right thing is for the GPU tests.
 
     env -u TRITON_INTERPRET python3 scripts/compile-sm90.py      (PYTHONPATH=engine:kernels:operator)
     env -u TRITON_INTERPRET python3 scripts/compile-sm90.py --sass "packed_split gptq=True bits=4"
@@ -31,7 +31,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from governor.kernels import fp8_gemm, fp8_quant, gemv, packed_gemm, packed_gemv
+from governor.kernels import argmax, fp8_gemm, fp8_quant, gemv, packed_gemm, packed_gemv
 from governor.kernels.elementwise import row_warps
 from governor.kernels.launch_policy import LaunchPolicy
 
@@ -114,6 +114,15 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
         out.append((f"fp8_block_gemm block_k={bk} per_token_x={per_token}", fp8_gemm._fp8_block_gemm_kernel,
                     {"x_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "w_ptr": "*fp8e4nv", "sw_ptr": "*fp32", "b_ptr": "*bf16",
                      "out_ptr": "*bf16", "m": "i32", "n": "i32", "stride_sw": "i32", **sig}, consts, 4))
+    # A greedy step's argmax over the llama3 vocabulary (128,256 columns), and over a short row (slices of 2 columns).
+    for x, slice_len in (("*bf16", 1024), ("*fp32", 1024), ("*fp16", 2)):
+        sig, consts = constexprs("SLICE PROGRAMS BLOCK PDL", SLICE=slice_len, PROGRAMS=128, BLOCK=slice_len, PDL=True)
+        out.append((f"argmax slices x={x} slice={slice_len}", argmax._argmax_slice_kernel,
+                    {"x_ptr": x, "val_ptr": "*fp32", "idx_ptr": "*i32", "n": "i32", "stride_x": "i32", **sig}, consts,
+                    4))
+    sig, consts = constexprs("PROGRAMS PDL", PROGRAMS=128, PDL=True)
+    out.append(("argmax rows", argmax._argmax_rows_kernel, {"val_ptr": "*fp32", "idx_ptr": "*i32", "out_ptr": "*i64",
+                                                            **sig}, consts, 4))
     return out
 
 

@@ -10,6 +10,7 @@ import torch
 
 from governor.engine.logits_processing import LogitsProcessor, needs_processing, process_logits
 from governor.engine.sampling_params import SamplingParams
+from governor.kernels.argmax import argmax_rows
 
 
 @dataclass
@@ -27,7 +28,7 @@ def argmax_only(params: SamplingParams) -> bool:
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """The argmax of each row of `logits` [B, V] (lowest id among ties), on the host: one sync."""
-    return logits.argmax(dim=1).tolist()
+    return argmax_rows(logits).tolist()
 
 
 def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -90,7 +91,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                 noise[i].exponential_(generator=g)
         sampled = (probs / noise).argmax(dim=1)
         is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        token_list = torch.where(is_greedy, x.argmax(dim=1), sampled).tolist()  # the one host sync
+        token_list = torch.where(is_greedy, argmax_rows(x), sampled).tolist()  # the one host sync
 
     return SampleResult(token_list, token_logprobs(logits, token_list, [p.logprobs for p in params]))
 

@@ -27,6 +27,7 @@ from governor.engine.bench.throughput import sync_device
 from governor.engine.llm import LLM
 from governor.engine.models.checkpoint import weight_files
 from governor.engine.sampling_params import SamplingParams
+from governor.kernels.argmax import argmax_rows
 
 
 def perturbed_copy(src: str, dst: str, sigma: float, seed: int = 0) -> str:
@@ -73,7 +74,7 @@ class ControlledAcceptance:
                generator: torch.Generator) -> list[tuple[list[int], list[Any]]]:
         if any(not s.seq.params.greedy or s.seq.params.logprobs is not None for s in sampling):
             raise ValueError("controlled acceptance decides greedy verifications only (no logprobs)")
-        argmax = logits.argmax(dim=1).tolist()  # the one read from the device, as greedy verification makes
+        argmax = argmax_rows(logits).tolist()  # the one read from the device, as greedy verification makes
         out: list[tuple[list[int], list[Any]]] = []
         row = 0
         for s in sampling:

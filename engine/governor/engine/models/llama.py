@@ -36,6 +36,7 @@ from governor.engine.models.model_config import ModelConfig, RopeConfig
 from governor.engine.models.quantization import FP8_METHODS, PACKED_TENSORS, QuantizedLinear, RoundedInput
 from governor.engine.tp.group import SINGLE, TPGroup
 from governor.kernels import elementwise
+from governor.kernels.argmax import argmax_rows
 from governor.kernels.fp8_quant import add_rms_norm_fp8, fp8_round
 from governor.kernels.gemv import gemv, gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy, policy_for
@@ -232,7 +233,7 @@ def vocab_parallel_argmax(logits: torch.Tensor, vocab_start: int, size: int,
     """Each row's argmax over the whole vocabulary [rows] int64, from this rank's logits of ids vocab_start.. (its
     padding columns already cut off): the local (max, id) of every rank side by side, then the first rank with the
     row's maximum, which holds the lowest id among ties (torch.argmax's choice)."""
-    ids = logits.argmax(dim=1)
+    ids = argmax_rows(logits)
     best = torch.stack([logits.gather(1, ids.unsqueeze(1)).squeeze(1).double(),
                         (ids + vocab_start).double()], dim=1)  # exact for any bf16/fp32 value and id
     every = all_gather_columns(best).view(-1, size, 2)  # [rows, rank, (max, id)]
@@ -335,7 +336,7 @@ class CausalLM(nn.Module):
         tokens moves rows × 2 values between the ranks instead of rows × vocab."""
         logits = linear(hidden, self.lm_head, None, self.kernels)
         if self.tp.size == 1:
-            return logits.argmax(dim=1)
+            return argmax_rows(logits, self.kernels)
         held = min(self.vocab_rows, self.cfg.vocab_size - self.vocab_start)
         return vocab_parallel_argmax(logits[:, :held], self.vocab_start, self.tp.size, self.tp.all_gather_columns)
 

@@ -21,6 +21,7 @@ from governor.engine.sequence import Sequence
 from governor.engine.spec.draft_model import DraftModelProposer
 from governor.engine.spec.proposer import NgramProposer, Proposer
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
+from governor.kernels.argmax import argmax_rows
 
 Verified = list[tuple[list[int], list[dict[int, float] | None]]]  # per sampling sequence: (tokens, logprobs)
 _COUNTERS = ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verification_steps")
@@ -70,7 +71,7 @@ class SpeculativeDecoding:
             for i, tok, lp in zip(plain, sampled.token_ids, sampled.logprobs, strict=True):
                 out[i] = ([tok], [lp])
         # Every greedy verification's argmaxes in one read from the device (not one per sequence).
-        argmax = logits.argmax(dim=1).tolist() if any(s.draft_tokens and s.seq.params.greedy for s in sampling) \
+        argmax = argmax_rows(logits).tolist() if any(s.draft_tokens and s.seq.params.greedy for s in sampling) \
             else []
         for i, s in enumerate(sampling):
             if not s.draft_tokens:

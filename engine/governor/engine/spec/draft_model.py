@@ -24,6 +24,7 @@ from governor.engine.runner import ModelRunner
 from governor.engine.sampler import LogitFilter
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
 from governor.engine.sequence import Sequence
+from governor.kernels.argmax import argmax_rows
 
 
 @dataclass
@@ -116,7 +117,7 @@ class DraftModelProposer:
                 logits = self.runner.execute(SchedulerOutput(fed), feed=rounds[-1])
                 for item in fed:
                     item.seq.num_computed_tokens += 1
-            tokens = logits[:m].argmax(dim=1)
+            tokens = argmax_rows(logits[:m])
             if logit_filter is not None:
                 probs = logit_filter(logits[:m]).softmax(dim=1)
                 for r in (r for r in sampled if r < m):
