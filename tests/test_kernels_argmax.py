@@ -11,7 +11,7 @@ from tests.conftest import DEVICE, needs_triton
 
 
 def check(x: torch.Tensor) -> None:
-    got = argmax_rows(x.to(DEVICE))
+    got = argmax_rows(x.to(DEVICE), interpret=True)
     assert got.dtype == torch.int64 and got.device == x.to(DEVICE).device
     assert got.tolist() == x.argmax(dim=1).tolist()
 
@@ -59,15 +59,24 @@ def test_nans_and_infinities_are_ordered_as_torch_orders_them() -> None:
 @needs_triton
 def test_rows_of_a_step_of_several_sequences() -> None:
     check(torch.randn(5, 3000, generator=torch.Generator().manual_seed(3)))
-    assert argmax_rows(torch.empty(0, 10, device=DEVICE)).shape == (0,)
+    assert argmax_rows(torch.empty(0, 10, device=DEVICE), interpret=True).shape == (0,)
 
 
 def test_what_the_kernels_do_not_take_falls_back_to_torch() -> None:
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(4)).t()  # columns not contiguous
-    assert not argmax_usable(x.to(DEVICE))
-    assert argmax_rows(x.to(DEVICE)).tolist() == x.argmax(dim=1).tolist()
+    assert not argmax_usable(x.to(DEVICE), interpret=True)
+    assert argmax_rows(x.to(DEVICE), interpret=True).tolist() == x.argmax(dim=1).tolist()
     wide = torch.tensor([[1.0, 1.0 + 1e-12]], dtype=torch.float64)  # apart in float64, equal in float32
-    assert not argmax_usable(wide.to(DEVICE)) and argmax_rows(wide.to(DEVICE)).tolist() == [1]
+    assert not argmax_usable(wide.to(DEVICE), interpret=True)
+    assert argmax_rows(wide.to(DEVICE), interpret=True).tolist() == [1]
+
+
+def test_the_engine_keeps_torchs_argmax_on_a_cpu() -> None:
+    """The engine's calls (no `interpret`) take the kernels on a GPU only: on a CPU the interpreter would run a
+    greedy step's argmax program by program in Python."""
+    x = torch.randn(2, 300, generator=torch.Generator().manual_seed(5))
+    assert not argmax_usable(x)
+    assert argmax_usable(x.to(DEVICE)) == (DEVICE.type == "cuda")
 
 
 @pytest.mark.gpu

@@ -76,17 +76,19 @@ def _argmax_rows_kernel(val_ptr, idx_ptr, out_ptr, PROGRAMS: tl.constexpr, PDL: 
     tl.store(out_ptr + row, out.to(tl.int64))
 
 
-def argmax_usable(x: torch.Tensor) -> bool:
+def argmax_usable(x: torch.Tensor, interpret: bool = False) -> bool:
     """Whether `argmax_rows` runs its kernels on x: 16- or 32-bit floats (compared in float32, exactly), 2-D,
-    contiguous rows of under 2^31 columns, where Triton runs."""
+    contiguous rows of under 2^31 columns, on a CUDA device, or (`interpret`) on any device under the Triton
+    interpreter. On a CPU torch's argmax is the fast one: the interpreter runs each program in Python, so the engine's
+    CPU path keeps torch's and only the kernels' own tests interpret them."""
     return (x.dtype in (torch.float16, torch.bfloat16, torch.float32) and x.dim() == 2 and x.stride(1) == 1
-            and x.shape[1] < _NO_INDEX and triton_usable(x))
+            and x.shape[1] < _NO_INDEX and (x.is_cuda or (interpret and triton_usable(x))))
 
 
-def argmax_rows(x: torch.Tensor, policy: LaunchPolicy | None = None) -> torch.Tensor:
-    """torch.argmax(x, dim=1) for x [rows, n]: int64 [rows], in two small kernels where `argmax_usable`, else
-    torch's."""
-    if not argmax_usable(x) or x.shape[0] == 0 or x.shape[1] == 0:
+def argmax_rows(x: torch.Tensor, policy: LaunchPolicy | None = None, *, interpret: bool = False) -> torch.Tensor:
+    """torch.argmax(x, dim=1) for x [rows, n]: int64 [rows], in two small kernels where `argmax_usable(x,
+    interpret)`, else torch's."""
+    if not argmax_usable(x, interpret) or x.shape[0] == 0 or x.shape[1] == 0:
         return x.argmax(dim=1)
     rows, n = x.shape
     slice_len = triton.next_power_of_2(-(-n // ARGMAX_PROGRAMS))
