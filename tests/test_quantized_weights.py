@@ -637,7 +637,7 @@ def test_one_row_w8a8_steps_round_their_inputs_in_the_kernels_that_write_them(qu
     rounds = count_calls(monkeypatch, quantization, "fp8_round")
     prompt = {"prompt_token_ids": mixed_prompts(1, seed=12, lo=3, hi=9)[0]}
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
-    fused = llm.generate([prompt], params)[0].outputs[0]  # one row a decode step
+    fused = llm.generate([prompt], params)[0].outputs[0]  # a prefill, then two one-row decode steps
     layers, decode_steps = len(llm.engine.model.decoder_layers), 2
     assert norms["add_rms_norm_fp8"] == 2 * layers * decode_steps
     assert silu_rounds["fp8_round"] == layers * decode_steps
