@@ -50,8 +50,10 @@ def prometheus(engine: Server, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield p
 
 
-def load(url: str, clients: int, stop: threading.Event, deadline_s: float = 120.0, model: str = MODEL) -> None:
-    """`clients` closed-loop senders of greedy 64-token completions to `model` until `stop` (or `deadline_s`)."""
+def load(url: str, clients: int, stop: threading.Event, deadline_s: float = 120.0, model: str = MODEL,
+         max_tokens: int = 64) -> None:
+    """`clients` closed-loop senders of greedy `max_tokens`-token completions to `model` until `stop` (or
+    `deadline_s`)."""
     end = time.monotonic() + deadline_s
 
     def sender(i: int) -> None:
@@ -59,7 +61,7 @@ def load(url: str, clients: int, stop: threading.Event, deadline_s: float = 120.
             while not stop.is_set() and time.monotonic() < end:
                 with contextlib.suppress(httpx.HTTPError):  # the test ends while some are still queued
                     client.post(f"{url}/v1/completions", json={"model": model, "prompt": f"client {i} says",
-                                                               "max_tokens": 64, "temperature": 0.0,
+                                                               "max_tokens": max_tokens, "temperature": 0.0,
                                                                "ignore_eos": True})
 
     for i in range(clients):
