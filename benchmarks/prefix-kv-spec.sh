@@ -36,15 +36,18 @@ fi
 # engine, the engine's and vLLM's in one run: STAGE=spec-draft (VLLM_SITE: an unpacked bundle of benchmarks/peers.sh)
 if [[ " ${STAGE:-} " == *" spec-draft "* ]]; then
   T=/tmp/m8 D=/tmp/llama3.2-1b SPEC=(--batches 1,8 --ks 2,4 --input-len 32 --output-len 128)
+  # DRAFT_QUANTIZATION=fp8: the draft quantized at load on both sides (its decoder linears in e4m3)
+  [ -n "${DRAFT_QUANTIZATION:-}" ] && SPEC+=(--draft-quantization "$DRAFT_QUANTIZATION")
+  TAG=${DRAFT_QUANTIZATION:+-$DRAFT_QUANTIZATION}
   [ -f $T/config.json ] || python3 -m governor.engine make-model $T --arch llama --preset llama3-8b --no-weights \
     --dtype bfloat16 2>&1 | grep -v INFO
   [ -f $D/config.json ] || python3 -m governor.engine make-model $D --arch llama --preset llama3.2-1b \
     --dtype bfloat16 --device cuda 2>&1 | grep -v INFO
   python3 -m governor.engine bench spec --model $T --load-format dummy --dtype bfloat16 --max-model-len 4096 \
     "${SPEC[@]}" --perturb-sigma "" --no-equal-draft --draft-model $D --draft-acceptance 0.8 \
-    --output-json "$RESULTS_DIR/bench-spec-draft.json" 2>&1 | grep -v INFO | tail -5
+    --output-json "$RESULTS_DIR/bench-spec-draft$TAG.json" 2>&1 | grep -v INFO | tail -5
   PYTHONPATH=${VLLM_SITE:-}:$PYTHONPATH VLLM_USE_FLASHINFER_SAMPLER=0 python3 -m benchmarks.peers.vllm_spec --model $T \
-    --draft-model $D "${SPEC[@]}" --draft-acceptance 0.8 --output-json "$RESULTS_DIR/spec-vllm.json" 2>&1 \
+    --draft-model $D "${SPEC[@]}" --draft-acceptance 0.8 --output-json "$RESULTS_DIR/spec-vllm$TAG.json" 2>&1 \
     | grep -E '^\{' | tail -6
 fi
 # Hit-vs-cold divergence with prefill chunks aligned to blocks and not: STAGE=align

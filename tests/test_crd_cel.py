@@ -63,6 +63,7 @@ RULE_MESSAGES = {
     "bound min zero for a knob that starts at 1": "maxNumBatchedTokens cannot go below 1",
     "draft_model without draftModel": "method draft_model needs draftModel",
     "ngram with a draftModel": "method ngram takes no draftModel",
+    "ngram with a draft quantization": "method ngram takes no quantization",
     "tensor parallel wider than the pod's GPUs": "tensorParallelSize needs as many GPUs per pod",
     "starting knob below its autotune bound": "engine.knobs.maxNumSeqs must lie inside autotune.bounds.maxNumSeqs",
     "starting knob above its autotune bound": "engine.knobs.maxNumBatchedTokens must lie inside "
@@ -223,8 +224,8 @@ TRIGGERS = [{"metric": "ttft_p95", "comparison": "relative", "threshold": 1.0},
 BAD_TRIGGERS = [{"metric": "ttft_p95", "comparison": "relative", "threshold": 0.99},
                 {"metric": "throughput", "comparison": "relative", "threshold": 1.01},
                 {"metric": "error_rate", "comparison": "absolute", "threshold": 1.01}]
-EDGES = ["gpus", "draft", "bound", "bound-floor", "knob-low", "knob-high", "k-knob", "k-bound", "weights", "weight-100",
-         "window", "trigger", "route-throughput", "flag", "env", "label", "slo"]
+EDGES = ["gpus", "draft", "draft-quantization", "bound", "bound-floor", "knob-low", "knob-high", "k-knob", "k-bound",
+         "weights", "weight-100", "window", "trigger", "route-throughput", "flag", "env", "label", "slo"]
 
 
 @st.composite
@@ -236,12 +237,14 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     engine["tensorParallelSize"] = tp
     engine["resources"] = {"gpus": tp - 1 if edge == "gpus" else draw(st.sampled_from([0, tp, tp + 1]))}
     cap = draw(st.integers(1, 8))
-    speculative = edge in ("k-bound",) or draw(st.booleans())
+    speculative = edge in ("k-bound", "draft-quantization") or draw(st.booleans())
     if speculative:
-        method = draw(st.sampled_from(["ngram", "draft_model"]))
+        method = "ngram" if edge == "draft-quantization" else draw(st.sampled_from(["ngram", "draft_model"]))
         engine["speculative"] = {"method": method, "numSpeculativeTokens": cap}
         if (method == "draft_model") != (edge == "draft"):
             engine["speculative"]["draftModel"] = "/models/draft"
+        if (method == "draft_model" and draw(st.booleans())) or (method == "ngram" and edge == "draft-quantization"):
+            engine["speculative"]["quantization"] = draw(st.sampled_from(["fp8", "awq"]))
     bounds: dict[str, Any] = {}
     knobs: dict[str, int] = {}
     for name in ("maxNumSeqs", "maxNumBatchedTokens"):

@@ -221,16 +221,19 @@ def test_gpu_verification_graphs_give_the_eager_tokens_fp32(hf_checkpoint) -> No
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.usefixtures("_no_tf32")
-@pytest.mark.parametrize("draft_kind", ["target", "other"])
+@pytest.mark.parametrize("draft_kind", ["target", "other", "target-fp8"])
 def test_gpu_draft_model_graphs_give_the_eager_tokens_fp32(hf_checkpoint, tmp_path, draft_kind) -> None:
     """A draft model's rounds replay its own decode graphs (fed from the round before on the device) and its
     catch-ups its graphs of up to K + 1 tokens a sequence; tokens equal eager's, K changed live included. The target
-    as its own draft has its drafts accepted; another random model has nearly all of them rejected."""
+    as its own draft has its drafts accepted; another random model has nearly all of them rejected; the target
+    quantized to fp8 at load as its draft runs the W8A8 one-row kernels in the draft's graphs."""
     from tests.conftest import build_hf_checkpoint
 
     target = hf_checkpoint("qwen3")
-    draft = target if draft_kind == "target" else build_hf_checkpoint(tmp_path / "draft", "qwen3", seed=1)
+    draft = build_hf_checkpoint(tmp_path / "draft", "qwen3", seed=1) if draft_kind == "other" else target
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    if draft_kind == "target-fp8":
+        spec["quantization"] = "fp8"
     graphs, eager = _gpu_pair(target, dtype="float32", max_num_seqs=8, speculative_config=spec)
     prompts = mixed_prompts(6, seed=44, hi=24)
     change = (5, {"num_speculative_tokens": 2})

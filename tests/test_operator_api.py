@@ -270,6 +270,9 @@ SEMANTIC_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "ngram with a draftModel": (
         {"engine.speculative": {"method": "ngram", "draftModel": "/models/draft", "numSpeculativeTokens": 4}},
         "spec.engine.speculative.draftModel"),
+    "ngram with a draft quantization": (
+        {"engine.speculative": {"method": "ngram", "quantization": "fp8", "numSpeculativeTokens": 4}},
+        "spec.engine.speculative.quantization"),
     "tensor parallel wider than the pod's GPUs": (
         {"engine.tensorParallelSize": 4, "engine.resources": {"gpus": 2}}, "spec.engine.tensorParallelSize"),
     "starting knob below its autotune bound": (

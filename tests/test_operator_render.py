@@ -326,6 +326,18 @@ def test_pvc_draft_model_on_the_same_claim_shares_its_volume() -> None:
                                                    "model": "/models/weights/small"}
 
 
+def test_a_draft_quantization_reaches_the_engines_speculative_config() -> None:
+    objs = children(spec_of(with_model(uri="pvc://weights/big"),
+                            speculative={"method": "draft_model", "draftModel": "pvc://weights/small",
+                                         "numSpeculativeTokens": 4, "quantization": "fp8"}))
+    config = serve_args(objs).speculative_config
+    assert config["quantization"] == "fp8" and config["model"] == "/models/weights/small"
+    # The engine's own parser takes what the operator renders.
+    from governor.engine.config import SpeculativeConfig
+
+    assert SpeculativeConfig.model_validate(config).quantization == "fp8"
+
+
 def test_hf_model_is_downloaded_by_an_init_container_into_the_model_cache() -> None:
     objs = children(spec_of(with_model(uri="hf://meta-llama/Llama-3.1-8B@main")))
     pod = pod_of(objs)

@@ -73,6 +73,9 @@ def test_vllm_spec_sets_acceptance_as_the_engines_benchmark_does(tiny_qwen3: Pat
     assert deep["speculative_config"] == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 4,
                                           "rejection_sample_method": "synthetic",
                                           "synthetic_acceptance_rates": [0.5, 0.25, 0.125, 0.0625]}
+    fp8 = vllm_spec.parse_args(["--model", str(tiny_qwen3), "--draft-model", "/d", "--draft-quantization", "fp8"])
+    assert vllm_spec.llm_settings(fp8, 2)["speculative_config"]["quantization"] == "fp8"
+    assert "quantization" not in vllm_spec.llm_settings(fp8, 0)  # the target keeps its weights
     with pytest.raises(SystemExit):
         vllm_spec.parse_args(["--model", "m", "--draft-model", "d", "--draft-acceptance", "1.5"])
 

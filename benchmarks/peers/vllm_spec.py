@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--draft-acceptance", type=float, default=0.8, help="alpha: each draft's acceptance, in order")
+    p.add_argument("--draft-quantization", default=None, help="the draft's weight quantization (speculative_config's "
+                   "'quantization'; 'fp8' quantizes an unquantized draft at load), as the engine's benchmark sets it")
     p.add_argument("--load-format", default="dummy", help="dummy: random weights from config.json (both models)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-model-len", type=int, default=4096, help="as the engine's run")
@@ -88,6 +90,8 @@ def llm_settings(args: argparse.Namespace, k: int) -> dict[str, Any]:
             "method": "draft_model", "model": args.draft_model, "num_speculative_tokens": k,
             "rejection_sample_method": "synthetic",
             "synthetic_acceptance_rates": synthetic_rates(args.draft_acceptance, k)}
+        if args.draft_quantization:
+            settings["speculative_config"]["quantization"] = args.draft_quantization
     return settings
 
 

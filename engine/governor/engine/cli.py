@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "and the verification run as usual; each draft is accepted with this probability, in "
                          "order, and the step emits the target's token after the accepted ones); empty: the "
                          "target's own decisions")
+    sp.add_argument("--draft-quantization", default=None, choices=["fp8", "awq", "gptq", "compressed-tensors"],
+                    help="--draft-model's weight quantization (speculative_config's 'quantization'; 'fp8' quantizes "
+                         "an unquantized draft at load)")
     sp.add_argument("--batches", default="1,8,64")
     sp.add_argument("--ks", default="1,2,3,4,5,6,7,8")
     sp.add_argument("--input-len", type=int, default=32)
@@ -313,14 +316,17 @@ def _run(args: argparse.Namespace) -> int:
             variants["ngram"] = {"method": "ngram"}
         if args.draft_model:
             name = args.draft_model.rstrip("/").rsplit("/", 1)[-1]
+            draft_spec: dict[str, Any] = {"method": "draft_model", "model": args.draft_model}
+            if args.draft_quantization:
+                name += f" ({args.draft_quantization})"
+                draft_spec["quantization"] = args.draft_quantization
             rates = [float(x) for x in args.draft_acceptance.split(",") if x]
             for alpha in rates:
-                variants[f"draft={name} alpha={alpha}"] = {"method": "draft_model", "model": args.draft_model,
-                                                           "controlled_acceptance": alpha}
+                variants[f"draft={name} alpha={alpha}"] = {**draft_spec, "controlled_acceptance": alpha}
             if not rates:
-                variants[f"draft={name}"] = {"method": "draft_model", "model": args.draft_model}
-        elif args.draft_acceptance:
-            raise SystemExit("--draft-acceptance needs --draft-model")
+                variants[f"draft={name}"] = draft_spec
+        elif args.draft_acceptance or args.draft_quantization:
+            raise SystemExit("--draft-acceptance and --draft-quantization need --draft-model")
         result = bench_spec.bench_spec(args.model, _engine_args(args), variants,
                                        [int(b) for b in args.batches.split(",")], [int(k) for k in args.ks.split(",")],
                                        args.input_len, args.output_len)

@@ -37,6 +37,9 @@ class SpeculativeConfig(BaseModel):
     prompt_lookup_max: int = Field(default=4, ge=1, description="n-gram: longest suffix to match.")
     model: str | None = Field(default=None, description="draft_model: checkpoint directory of the draft, sharing "
                                                          "the target's tokenizer.")
+    quantization: Quantization | None = Field(default=None, description="draft_model: the draft's weight "
+                                              "quantization, as the engine's own for the target (unset: the draft "
+                                              "checkpoint's own; 'fp8' on an unquantized draft quantizes it at load).")
 
     @model_validator(mode="after")
     def _consistent(self) -> SpeculativeConfig:
@@ -44,6 +47,8 @@ class SpeculativeConfig(BaseModel):
             raise ValueError("speculative method 'draft_model' needs 'model': the draft checkpoint directory")
         if self.method == "ngram" and self.model:
             raise ValueError("speculative method 'ngram' takes no 'model'")
+        if self.method == "ngram" and self.quantization:
+            raise ValueError("speculative method 'ngram' takes no 'quantization': it runs no draft model")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min={self.prompt_lookup_min} exceeds "
                              f"prompt_lookup_max={self.prompt_lookup_max}")

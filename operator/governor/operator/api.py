@@ -166,7 +166,9 @@ class Speculative(Kube):
         ("self.method != 'draft_model' || has(self.draftModel)",
          "method draft_model needs draftModel: the draft model's URI"),
         ("self.method != 'ngram' || !has(self.draftModel)",
-         "method ngram takes no draftModel; remove it or use method draft_model")))
+         "method ngram takes no draftModel; remove it or use method draft_model"),
+        ("self.method != 'ngram' || !has(self.quantization)",
+         "method ngram takes no quantization: it runs no draft model")))
 
     method: Literal["ngram", "draft_model"] = Field(description=(
         "'ngram': draft tokens by prompt lookup (no extra model); 'draft_model': a small model of the same "
@@ -176,6 +178,10 @@ class Speculative(Kube):
     num_speculative_tokens: int = Field(ge=1, le=16, description=(
         "Draft tokens per step K: the initial value and the hard cap of the numSpeculativeTokens knob. "
         "To turn speculation off, leave out `speculative`."))
+    quantization: Literal["fp8", "awq", "gptq", "compressed-tensors"] | None = Field(default=None, description=(
+        "The draft model's weight quantization, as engine.quantization is the target's (unset: the draft "
+        "checkpoint's own; 'fp8' on an unquantized draft quantizes it at load). Method draft_model only; a method "
+        "the draft checkpoint does not have fails the engine at load."))
 
 
 class StartingKnobs(Kube):

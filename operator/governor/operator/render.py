@@ -218,6 +218,8 @@ def _engine_args(name: str, spec: InferenceServiceSpec, revision: str, mounts: M
                                   "num_speculative_tokens": engine.speculative.num_speculative_tokens}
         if engine.speculative.draft_model:
             config["model"] = mounts.path_of(engine.speculative.draft_model, None, "draft-model")
+        if engine.speculative.quantization:
+            config["quantization"] = engine.speculative.quantization
         args += ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
     for knob, cap in knob_caps(spec).items():
         flag = "--" + knob.replace("_", "-")

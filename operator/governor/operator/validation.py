@@ -91,6 +91,8 @@ def validate_spec(spec: InferenceServiceSpec) -> list[FieldError]:
         if engine.speculative.method == "ngram" and draft:
             err(FieldError(f"{spec_path}.draftModel", "method ngram takes no draftModel; remove it or use "
                                                       "method draft_model"))
+        if engine.speculative.method == "ngram" and engine.speculative.quantization:
+            err(FieldError(f"{spec_path}.quantization", "method ngram takes no quantization: it runs no draft model"))
         if draft:
             try:
                 parse_model_uri(draft)

@@ -122,12 +122,17 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
     (a draft model's proposals under `ControlledAcceptance` at alpha A)."""
     rows: list[dict[str, Any]] = []
     k_cap = max(ks)
-    draft_rates: dict[str, dict[int, float]] = {}  # draft model -> batch -> its own plain decoding rate
+    # (draft model, its quantization) -> batch -> its own plain decoding rate, measured as the draft runs in the
+    # speculation: with the draft's quantization, not the target's.
+    draft_rates: dict[tuple[str, str | None], dict[int, float]] = {}
     for spec in variants.values():
-        if spec.get("model") and spec["model"] not in draft_rates:
-            draft = LLM(spec["model"], **engine_args)
+        if not spec.get("model"):
+            continue
+        key = (str(spec["model"]), spec.get("quantization"))
+        if key not in draft_rates:
+            draft = LLM(key[0], **{**engine_args, "quantization": key[1]})
             _generation_rate(draft, 2, input_len, 4, seed=0)  # warm-up
-            draft_rates[spec["model"]] = {b: _generation_rate(draft, b, input_len, output_len, seed=b) for b in batches}
+            draft_rates[key] = {b: _generation_rate(draft, b, input_len, output_len, seed=b) for b in batches}
             draft.close()
             del draft
     for name, variant in variants.items():
@@ -158,7 +163,8 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                 if k == 0:
                     base = rate
                 speedup = rate / base if base else None
-                c = base / draft_rates[spec["model"]][batch] if spec.get("model") and base else 0.0
+                draft_key = (spec.get("model"), spec.get("quantization"))
+                c = base / draft_rates[draft_key][batch] if draft_key in draft_rates and base else 0.0
                 theory = theoretical_speedup(alpha, k, c) if k else 1.0
                 row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,
                        "controlled_acceptance": variant.get("controlled_acceptance"),

@@ -130,4 +130,5 @@ def make_proposer(config: EngineConfig, target: ModelConfig, dtype: torch.dtype,
     # Under tensor parallelism the draft runs whole on rank 0 (it is small; workers never see it).
     extra = config.seqs_cap * (-(-spec.num_speculative_tokens // block_size) + 1)
     return DraftModelProposer(spec.model, target, dtype, device, num_blocks + extra, block_size, max_model_len,
-                              config.seqs_cap, config.tokens_cap, attention_backend, config.spec_cap)
+                              config.seqs_cap, config.tokens_cap, attention_backend, config.spec_cap,
+                              spec.quantization)

@@ -19,7 +19,7 @@ from governor.engine.kv.cache import allocate_kv_cache
 from governor.engine.kv.kv_manager import KVManager
 from governor.engine.models.checkpoint import iter_weights
 from governor.engine.models.llama import CausalLM
-from governor.engine.models.model_config import ModelConfig, load_model_config
+from governor.engine.models.model_config import ModelConfig, load_model_config, with_quantization
 from governor.engine.runner import ModelRunner
 from governor.engine.sampler import LogitFilter
 from governor.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -39,8 +39,9 @@ class DraftModelProposer:
 
     def __init__(self, model_dir: str, target: ModelConfig, dtype: torch.dtype, device: torch.device,
                  num_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int, max_num_tokens: int,
-                 attention_backend: str, max_spec_tokens: int = 0) -> None:
-        self.config = load_model_config(model_dir)
+                 attention_backend: str, max_spec_tokens: int = 0, quantization: str | None = None) -> None:
+        # The draft's weights as the target's would be under `quantization` (fp8 at load, or the checkpoint's own).
+        self.config = with_quantization(load_model_config(model_dir), quantization)
         if self.config.vocab_size != target.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({self.config.vocab_size}) differs from the target's "
                              f"({target.vocab_size}); a draft must share the target's tokenizer")
