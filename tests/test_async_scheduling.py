@@ -34,10 +34,10 @@ def count_fed_steps(engine: LLMEngine) -> list[int]:
     inner = engine.runner.execute
 
     def execute(out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
-                argmax: bool = False) -> torch.Tensor:
+                argmax: bool = False, drafts: torch.Tensor | None = None) -> torch.Tensor:
         if feed is not None:
             fed[0] += 1
-        return inner(out, all_logits, feed, argmax)
+        return inner(out, all_logits, feed, argmax, drafts)
 
     engine.runner.execute = execute  # type: ignore[method-assign]
     return fed

@@ -134,30 +134,59 @@ def count_host_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 def test_a_draft_model_reads_its_drafts_back_once_a_step_whatever_k(target: Path, other_draft: Path,
                                                                   monkeypatch: pytest.MonkeyPatch, k: int) -> None:
     """The draft's rounds feed each round's drafts to the next on the device and sample there (greedy and
-    temperature 1 alike): a step's proposal reads a tensor's value on the host exactly once, for K = 1 as for 4
-    (on a GPU, the one time the host waits for the draft). The Triton backend, as on a GPU: the CPU reference
+    temperature 1 alike), and the verification takes its draft token ids from the device: proposing reads no
+    tensor's value on the host, the verification is queued next (given the drafts on the device), and only then
+    are the drafts read, exactly once a step, for K = 1 as for 4 (on a GPU, the one time the host waits for the
+    draft, which also covers the verification's forward). The Triton backend, as on a GPU: the CPU reference
     attention reads its metadata on the host."""
     llm = LLM(str(target), dtype="float32", attention_backend="triton",
               speculative_config={"method": "draft_model", "model": str(other_draft), "num_speculative_tokens": k})
-    assert llm.engine.spec is not None
-    proposer = llm.engine.spec.proposer
+    spec = llm.engine.spec
+    assert spec is not None and spec.drafts_on_device
     reads = count_host_reads(monkeypatch)
-    per_step: list[int] = []
-    propose = proposer.propose
+    order: list[tuple[str, int]] = []  # (what ran, its host reads)
 
-    def propose_counted(scheduled):
-        reads.update(on=1, n=0)
-        try:
-            return propose(scheduled)
-        finally:
-            reads["on"] = 0
-            per_step.append(reads["n"])
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            reads.update(on=1, n=0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                reads["on"] = 0
+                order.append((name, reads["n"]))
+        return run
 
-    monkeypatch.setattr(proposer, "propose", propose_counted)
+    propose, resolve, execute = spec.propose, spec.resolve, llm.engine.executor.execute
+
+    def execute_seen(out, *args, **kwargs):
+        if kwargs.get("drafts") is not None:
+            order.append(("verification queued", 0))
+        return execute(out, *args, **kwargs)
+
+    monkeypatch.setattr(spec, "propose", counted("propose", propose))
+    monkeypatch.setattr(spec, "resolve", counted("resolve", resolve))
+    monkeypatch.setattr(llm.engine.executor, "execute", execute_seen)
     params = [SamplingParams(max_tokens=6, temperature=0.0), SamplingParams(max_tokens=6, temperature=1.0, seed=3)]
     llm.generate(mixed_prompts(2, seed=21), params)
-    assert per_step and set(per_step) == {1}, per_step
-    assert llm.stats()["spec_proposed_tokens"] >= k * len(per_step)
+    steps = [order[i:i + 3] for i, (name, _) in enumerate(order) if name == "propose" and
+             i + 1 < len(order) and order[i + 1][0] == "verification queued"]
+    assert steps and all(step == [("propose", 0), ("verification queued", 0), ("resolve", 1)] for step in steps), order
+    assert llm.stats()["spec_proposed_tokens"] >= k * len(steps)
+
+
+def test_drafts_read_before_their_verification_give_the_same_tokens(target: Path, other_draft: Path) -> None:
+    """The host path (drafts read back before the verification is staged, as under tensor parallelism) and the
+    device path give the same tokens and acceptance, greedy and sampled with seeds."""
+    prompts = mixed_prompts(4, seed=8)
+    params = [SamplingParams(max_tokens=12, temperature=t, seed=5) for t in (0.0, 1.0, 0.0, 0.7)]
+    outs = []
+    for on_device in (True, False):
+        llm = LLM(str(target), dtype="float32", speculative_config={
+            "method": "draft_model", "model": str(other_draft), "num_speculative_tokens": 3})
+        assert llm.engine.spec is not None
+        llm.engine.spec.drafts_on_device = on_device
+        outs.append((tokens(llm.generate(prompts, params)), llm.stats()["spec_accepted_tokens"]))
+    assert outs[0] == outs[1] and outs[0][1] > 0
 
 
 def test_greedy_verifications_of_a_step_read_the_device_once(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:

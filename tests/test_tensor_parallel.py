@@ -467,8 +467,8 @@ def test_a_follower_rebuilds_every_step_rank_0_sends_and_computes_its_logits_bit
     steps = {"fed": 0, "checked": 0, "argmax": 0}
 
     def execute(out: Any, all_logits: bool = False, feed: torch.Tensor | None = None,
-                argmax: bool = False) -> torch.Tensor:
-        logits = inner_execute(out, all_logits, feed, argmax)
+                argmax: bool = False, drafts: torch.Tensor | None = None) -> torch.Tensor:
+        logits = inner_execute(out, all_logits, feed, argmax, drafts)
         steps["argmax"] += argmax
         shape = _step_sizes(out)
         assert follower.follow()

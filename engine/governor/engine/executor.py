@@ -117,17 +117,17 @@ class ModelExecutor:
         warm_up_kernels(self.execute, kv, seqs_cap, tokens_cap, max_model_len, self.device)
 
     def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
-                argmax: bool = False) -> torch.Tensor:
+                argmax: bool = False, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """The runner's step, after checking that every rank is there to run it. A step that fails because a worker
         has exited closes the engine and raises an error naming that worker."""
         workers = self._workers
         if workers is None:
-            return self.runner.execute(out, all_logits, feed, argmax)
+            return self.runner.execute(out, all_logits, feed, argmax, drafts)
         if self.closed:
             raise RuntimeError("the engine is closed: its tensor-parallel workers have stopped")
         try:
             workers.check_alive()
-            return self.runner.execute(out, all_logits, feed, argmax)
+            return self.runner.execute(out, all_logits, feed, argmax, drafts)
         except Exception as e:
             if not workers.wait_for_an_exit(EXIT_VISIBLE_S):  # a peer's socket can close before its exit shows
                 raise

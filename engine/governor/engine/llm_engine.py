@@ -89,7 +89,8 @@ class LLMEngine:
             self.scheduler = Scheduler(self.kv, self.knobs, self.max_model_len, config.align_prefill_chunks)
             proposer = make_proposer(config, mc, self.dtype, self.device, self.num_blocks, self.block_size,
                                      self.max_model_len, backend)
-            self.spec = None if proposer is None else SpeculativeDecoding(proposer, self.scheduler, config.spec_cap)
+            self.spec = None if proposer is None else SpeculativeDecoding(proposer, self.scheduler, config.spec_cap,
+                                                                          drafts_on_device=self.tp.size == 1)
             if isinstance(proposer, DraftModelProposer) and ex.use_cuda_graphs:
                 proposer.capture_cuda_graphs(config.seqs_cap)
             if self.device.type == "cuda" and backend == "triton":
@@ -223,7 +224,10 @@ class LLMEngine:
         # A step whose every token is an argmax gets only those (`CausalLM.compute_argmax`: taken over the
         # model-dtype logits, the same tokens, which never leave the device).
         argmax_step = self._argmax_step(out)
-        logits = self.executor.execute(out, argmax=argmax_step)  # the token ids themselves in an argmax step
+        logits = self.executor.execute(out, argmax=argmax_step,  # the token ids themselves in an argmax step
+                                       drafts=self.spec.device_drafts if self.spec is not None else None)
+        if self.spec is not None:
+            self.spec.resolve()  # the drafts' values, now that their verification is queued
         self.counters["steps"] += 1
         self.counters["tokens_computed"] += sum(s.num_new_tokens for s in out.scheduled)
         sampling = self.scheduler.update_from_output(out)  # drafts are settled after verification

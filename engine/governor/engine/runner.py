@@ -75,6 +75,8 @@ class _HostArrays:
     prefill_qsl: np.ndarray
     logits_idx: np.ndarray
     feed_rows: np.ndarray
+    draft_dst: np.ndarray
+    draft_src: np.ndarray
 
 
 class ModelRunner:
@@ -112,7 +114,12 @@ class ModelRunner:
         # tensor is a fixed view of the device buffer, the address captured CUDA graphs read.
         fields = [("seq_lens", torch.int32, (max_num_seqs,)), ("qsl", torch.int32, (max_num_seqs + 1,)),
                   ("prefill_qsl", torch.int32, (max_num_seqs + 1,)), ("logits_idx", torch.int64, (self.max_logits,)),
-                  ("feed_rows", torch.int64, (max_num_seqs,)), ("input_ids", torch.int64, (max_num_tokens,)),
+                  ("feed_rows", torch.int64, (max_num_seqs,)),
+                  # A verification's drafts still on the device (`DeviceDrafts`): where each goes among the step's
+                  # token ids, and where it is in the flattened drafts.
+                  ("draft_dst", torch.int64, (max_num_seqs * max_spec_tokens,)),
+                  ("draft_src", torch.int64, (max_num_seqs * max_spec_tokens,)),
+                  ("input_ids", torch.int64, (max_num_tokens,)),
                   ("positions", torch.int64, (max_num_tokens,)),
                   ("slots", torch.int64, (max_num_tokens,)),
                   # Last: a step uses whole rows, so the rows it leaves unused are never copied.
@@ -143,6 +150,8 @@ class ModelRunner:
         self.input_ids, self.positions, self.slots = dev["input_ids"], dev["positions"], dev["slots"]
         self.block_tables, self.seq_lens, self.qsl = dev["block_tables"], dev["seq_lens"], dev["qsl"]
         self.prefill_qsl, self.logits_idx, self.feed_rows = dev["prefill_qsl"], dev["logits_idx"], dev["feed_rows"]
+        self.draft_dst, self.draft_src = dev["draft_dst"], dev["draft_src"]
+        self._num_device_drafts = 0  # drafts the staged step takes from the device (`stage`)
         self.host = _HostArrays(**{f[0]: view(self.h_buffer, *f).numpy() for f in fields})
         self._iota = np.arange(max_num_seqs + 1)  # sliced instead of a new arange per step
         # Marks the last step's host-to-device copies: pinned buffers are refilled only once it is done.
@@ -168,6 +177,7 @@ class ModelRunner:
         (decodes, the common case) batched, then every other row (prefill chunks, verifications).
         A step of fed decodes (`ScheduledSeq.fed_from`) is staged by `_stage_fed`."""
         self._wait_for_uploads()
+        self._num_device_drafts = 0
         scheduled = out.scheduled
         if scheduled and scheduled[0].fed_from is not None:
             return self._stage_fed(scheduled)
@@ -181,6 +191,7 @@ class ModelRunner:
         n_sample = self._stage_decodes(scheduled[:num_decodes])
         bs = self.block_size
         t = num_decodes
+        num_fed = 0
         max_q = 1 if num_decodes else 0
         for i in range(num_decodes, len(scheduled)):
             s = scheduled[i]
@@ -189,7 +200,13 @@ class ModelRunner:
             p = np.arange(start, start + n)
             known = n - len(s.draft_tokens)
             ids[t:t + known] = seq.token_ids(start, start + known)
-            ids[t + known:t + n] = s.draft_tokens
+            if s.draft_src is None:
+                ids[t + known:t + n] = s.draft_tokens
+            elif n > known:  # the drafts' values are on the device: `_upload` copies them in
+                d = n - known
+                h.draft_dst[num_fed:num_fed + d] = np.arange(t + known, t + n)
+                h.draft_src[num_fed:num_fed + d] = np.arange(s.draft_src, s.draft_src + d)
+                num_fed += d
             pos[t:t + n] = p
             slots[t:t + n] = np.asarray(seq.block_table, dtype=np.int64)[p // bs] * bs + p % bs
             lens[i] = start + n
@@ -199,6 +216,7 @@ class ModelRunner:
             m = s.num_logits
             lidx[n_sample:n_sample + m] = np.arange(t - m, t)
             n_sample += m
+        self._num_device_drafts = num_fed
         return StepShape(t, len(scheduled), num_decodes, max_q, n_sample, width)
 
     def _stage_block_tables(self, scheduled: list[ScheduledSeq]) -> int:
@@ -289,11 +307,14 @@ class ModelRunner:
         h.logits_idx[:n] = self._iota[:n]
         return StepShape(n, n, n, 1, n, width)
 
-    def _upload(self, shape: StepShape, feed: torch.Tensor | None = None) -> None:
+    def _upload(self, shape: StepShape, feed: torch.Tensor | None = None, drafts: torch.Tensor | None = None
+                ) -> None:
         """Copy the step's staged fields to the device: one copy of the host buffer's used span (more only
         across a large unused gap). The prefill rows' rebased query starts are derived here, on the host,
         from the final (padded) query starts. With `feed` (a fed step's previous sampled tokens, on the
-        device), the real rows' token ids are then gathered from it on the device."""
+        device), the real rows' token ids are then gathered from it on the device; with `drafts` (a
+        verification's drafts still on the device, `DeviceDrafts.tokens`), the draft rows' token ids are
+        copied from it."""
         h, b, nd = self.host, shape.num_seqs, shape.num_decodes
         np.subtract(h.qsl[nd:b + 1], h.qsl[nd], out=h.prefill_qsl[:b + 1 - nd])
         for start, end in self._upload_ranges(shape, feed is not None):
@@ -312,6 +333,11 @@ class ModelRunner:
         if feed is not None:
             n = shape.num_logits  # the real rows: every fed row samples (padding rows do not)
             torch.index_select(feed, 0, self.feed_rows[:n], out=self.input_ids[:n])
+        d = self._num_device_drafts
+        if d:
+            if drafts is None:
+                raise ValueError("the step was staged with drafts on the device, and none were given")
+            self.input_ids.index_copy_(0, self.draft_dst[:d], drafts.view(-1).index_select(0, self.draft_src[:d]))
 
     def _packs_tables(self, shape: StepShape) -> bool:
         """Whether the step's block tables go up packed to its widest table (`_PACK_TABLES_MIN_SAVED_BYTES`)."""
@@ -326,6 +352,7 @@ class ModelRunner:
         whole_rows = not self._packs_tables(shape)
         used = (("seq_lens", 4 * b), ("qsl", 4 * (b + 1)), ("prefill_qsl", 4 * (b + 1 - shape.num_decodes)),
                 ("logits_idx", 8 * shape.num_logits), ("feed_rows", 8 * shape.num_logits if fed else 0),
+                ("draft_dst", 8 * self._num_device_drafts), ("draft_src", 8 * self._num_device_drafts),
                 ("input_ids", 8 * t), ("positions", 8 * t),
                 ("slots", 8 * t), ("block_tables", 4 * b * self.max_blocks_per_seq if whole_rows else 0))
         ranges: list[tuple[int, int]] = []
@@ -353,8 +380,9 @@ class ModelRunner:
             prefill_query_start_loc=self.prefill_qsl[:b + 1 - nd],
         )
 
-    def _forward(self, shape: StepShape, feed: torch.Tensor | None = None) -> torch.Tensor:
-        self._upload(shape, feed)
+    def _forward(self, shape: StepShape, feed: torch.Tensor | None = None, drafts: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        self._upload(shape, feed, drafts)
         t = shape.num_tokens
         return self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, self._metadata(shape))
 
@@ -374,6 +402,7 @@ class ModelRunner:
             # An all-padding step: the uploads stay outside the graph (each replay is preceded by them).
             self._wait_for_uploads()  # the previous capture's upload reads the buffers _pad rewrites
             shape = self._pad(StepShape(0, 0, 0, 0, 0, 0), key)
+            self._num_device_drafts = 0
             self._upload(shape)
             meta = self._metadata(shape)
             graphs.capture(key, functools.partial(self.model, self.input_ids[:key.num_tokens],
@@ -409,13 +438,14 @@ class ModelRunner:
         qsl[b + 1:b_pad + 1] = t
         return StepShape(t_pad, b_pad, 0, key.query_len, shape.num_logits, shape.table_width)
 
-    def _run(self, shape: StepShape, feed: torch.Tensor | None = None) -> torch.Tensor:
+    def _run(self, shape: StepShape, feed: torch.Tensor | None = None, drafts: torch.Tensor | None = None
+             ) -> torch.Tensor:
         """Hidden states of the step's tokens [T, hidden]: from a graph when one fits, else eagerly."""
         key = self._graph_key(shape)
         if key is None:
-            return self._forward(shape, feed)
+            return self._forward(shape, feed, drafts)
         assert self.graphs is not None
-        self._upload(self._pad(shape, key), feed)
+        self._upload(self._pad(shape, key), feed, drafts)
         return self.graphs.replay(key)[:shape.num_tokens]
 
     def hidden_states(self, out: SchedulerOutput) -> torch.Tensor:
@@ -426,19 +456,23 @@ class ModelRunner:
         return self._forward(self.stage(out))
 
     def execute(self, out: SchedulerOutput, all_logits: bool = False, feed: torch.Tensor | None = None,
-                argmax: bool = False) -> torch.Tensor:
+                argmax: bool = False, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """Run one step. Returns fp32 logits [rows, V] in schedule order: one row per sampling sequence,
         plus one per draft token of a speculative decode; or every scheduled token when `all_logits`.
         feed: the previous step's sampled tokens on the device, for a step of fed decodes (their rows'
         `fed_from` index it; under tensor parallelism rank 0 sends them to the workers). argmax=True: only each
-        row's argmax token id [rows] int64, for a step whose tokens are only argmaxes (`CausalLM.compute_argmax`)."""
+        row's argmax token id [rows] int64, for a step whose tokens are only argmaxes (`CausalLM.compute_argmax`).
+        drafts: the drafts of a verification still on the device (`DeviceDrafts.tokens`), which the sequences whose
+        `ScheduledSeq.draft_src` is set take their draft token ids from (one rank only)."""
         if (feed is not None) != bool(out.scheduled and out.scheduled[0].fed_from is not None):
             raise ValueError("a step of fed decodes needs the previous step's sampled tokens, and only it")
+        if drafts is not None and self.tp is not None:
+            raise ValueError("drafts on the device need one rank: under tensor parallelism they come as token ids")
         shape = self.stage(out)
         if self.tp is not None:
             self._lead(shape, _StepExtras(int(all_logits), int(argmax), 0 if feed is None else feed.numel(),
                                           len(self._table_deltas)), feed)
-        return self._logits(shape, self._run(shape, feed), all_logits, argmax)
+        return self._logits(shape, self._run(shape, feed, drafts), all_logits, argmax)
 
     def _logits(self, shape: StepShape, hidden: torch.Tensor, all_logits: bool, argmax: bool) -> torch.Tensor:
         # Staged logits indices increase, so when every token needs logits (a decode step where every row

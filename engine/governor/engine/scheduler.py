@@ -14,7 +14,10 @@ from governor.engine.sequence import Sequence, SequenceStatus
 @dataclass(slots=True)
 class ScheduledSeq:
     """A sequence's share of a step. A decode may carry speculative draft tokens after its last token:
-    `num_spec` slots are reserved by the scheduler, `draft_tokens` filled by the proposer.
+    `num_spec` slots are reserved by the scheduler, `draft_tokens` filled by the proposer. Drafts still on
+    the device (`spec.draft_model.DeviceDrafts`) have `draft_src` set, their offset in the step's flattened
+    drafts, which the runner copies the token ids from; `draft_tokens` then holds placeholders of the right
+    count until the proposer's `resolve` writes the values.
 
     A fed decode (`fed_from` set, `Scheduler.schedule_continuation`) is scheduled while the step before
     is still running: its one token is the one that step samples for the sequence, not yet known on the
@@ -25,6 +28,7 @@ class ScheduledSeq:
     num_spec: int = 0
     draft_tokens: list[int] = field(default_factory=list)
     fed_from: int | None = None
+    draft_src: int | None = None
 
     @property
     def samples(self) -> bool:

@@ -18,7 +18,7 @@ from governor.engine.models.model_config import ModelConfig
 from governor.engine.sampler import sample, token_logprobs
 from governor.engine.scheduler import ScheduledSeq, Scheduler
 from governor.engine.sequence import Sequence
-from governor.engine.spec.draft_model import DraftModelProposer
+from governor.engine.spec.draft_model import DeviceDrafts, DraftModelProposer
 from governor.engine.spec.proposer import NgramProposer, Proposer
 from governor.engine.spec.verifier import accept_greedy, accept_sampled, target_distributions
 from governor.kernels.argmax import argmax_rows
@@ -30,16 +30,24 @@ _COUNTERS = ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verification_
 class SpeculativeDecoding:
     """The proposer, the verification of each step that carries drafts, and the acceptance counters."""
 
-    def __init__(self, proposer: Proposer, scheduler: Scheduler, spec_cap: int) -> None:
+    def __init__(self, proposer: Proposer, scheduler: Scheduler, spec_cap: int, drafts_on_device: bool = False
+                 ) -> None:
         self.proposer = proposer
         self.scheduler = scheduler
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self.accepted_by_position = [0] * spec_cap
+        # A draft model's drafts stay on the device until the verification is queued (`DeviceDrafts`); the
+        # engine asks for it with one rank, whose runner alone can take token ids from the device.
+        self.drafts_on_device = drafts_on_device and isinstance(proposer, DraftModelProposer)
+        self.pending: tuple[list[ScheduledSeq], DeviceDrafts] | None = None
 
     def propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
         """Fill each speculative decode's draft slots; the draft distributions by id(seq) (draft model, sampled
-        requests only)."""
+        requests only). With drafts on the device the slots hold placeholders, `ScheduledSeq.draft_src` says where
+        each sequence's drafts are in `device_drafts`, and `resolve` writes their values once the verification
+        is queued."""
         probs: dict[int, torch.Tensor] = {}
+        self.pending = None
         spec = []
         for s in scheduled:
             if s.num_spec > 0:
@@ -49,11 +57,41 @@ class SpeculativeDecoding:
                     s.set_drafts([])  # a request with logits processing gets no drafts (see the module)
         if not spec:
             return probs
+        if self.drafts_on_device:
+            assert isinstance(self.proposer, DraftModelProposer)
+            launched = self.proposer.launch(spec)
+            for i, s in enumerate(spec):
+                s.set_drafts([0] * (launched.counts[i] if launched is not None else 0))
+                if launched is not None and launched.counts[i]:
+                    s.draft_src = launched.offsets[i]
+                    q = launched.q[i]
+                    if q is not None:
+                        probs[id(s.seq)] = q[:launched.counts[i]]
+            if launched is not None:
+                self.pending = (spec, launched)
+            return probs
         for s, (drafts, q) in zip(spec, self.proposer.propose(spec), strict=True):
             s.set_drafts(drafts)
             if q is not None:
                 probs[id(s.seq)] = q[:len(drafts)]
         return probs
+
+    @property
+    def device_drafts(self) -> torch.Tensor | None:
+        """The drafts the step's verification takes its draft token ids from, while they are on the device."""
+        return self.pending[1].tokens if self.pending is not None else None
+
+    def resolve(self) -> None:
+        """Write the values of the step's drafts into their slots (`ScheduledSeq.draft_tokens`): the host's one
+        wait for the drafts, called once the verification is queued. A no-op without drafts on the device."""
+        if self.pending is None:
+            return
+        spec, launched = self.pending
+        self.pending = None
+        for s, drafts in zip(spec, launched.resolve(), strict=True):
+            if s.draft_src is not None:
+                s.draft_tokens = drafts
+                s.draft_src = None
 
     def verify(self, sampling: list[ScheduledSeq], logits: torch.Tensor, draft_probs: dict[int, torch.Tensor],
                generator: torch.Generator) -> Verified:

@@ -33,6 +33,37 @@ class _DraftState:
     known: int  # tokens of the real sequence the draft has seen (its KV holds them)
 
 
+@dataclass
+class DeviceDrafts:
+    """A step's drafts before the host has read them: the draft's rounds are queued on the device, and the
+    verification can be queued behind them, taking its draft token ids from `tokens` (`ModelRunner.execute`'s
+    drafts), so the host does not wait for the draft before launching it. `resolve` reads the drafts once (the
+    host's one wait for them, which then also covers the verification's forward) and settles the proposer's state.
+
+    tokens: [proposing sequences, rounds] int64 on the device; `offsets[i]` is scheduled entry i's offset in
+    `tokens.view(-1)` (None: no drafts), `counts[i]` its number of drafts, `q[i]` its draft distributions [k, V]
+    for a sampled request (None otherwise)."""
+
+    tokens: torch.Tensor
+    offsets: list[int | None]
+    counts: list[int]
+    q: list[torch.Tensor | None]
+    _settle: list[tuple[int, int, _DraftState, Sequence]]  # (scheduled index, row, state, real sequence)
+    resolved: list[list[int]] | None = None
+
+    def resolve(self) -> list[list[int]]:
+        """The drafts of each scheduled entry, on the host; the proposer's state updated as `propose` does."""
+        if self.resolved is None:
+            host = self.tokens.tolist()  # the one wait for the device
+            out: list[list[int]] = [[] for _ in self.counts]
+            for i, r, st, seq in self._settle:
+                out[i] = host[r][:self.counts[i]]
+                st.view.output_token_ids.extend(out[i])
+                st.known = seq.num_tokens  # the KV now covers the known tokens and all drafts but the last
+            self.resolved = out
+        return self.resolved
+
+
 class DraftModelProposer:
     """Proposes up to k tokens per sequence with a draft model; returns the draft distributions too, so
     rejection sampling can use q (greedy requests get argmax drafts and no distribution)."""
@@ -70,15 +101,23 @@ class DraftModelProposer:
         return st
 
     def propose(self, scheduled: list[ScheduledSeq]) -> list[tuple[list[int], torch.Tensor | None]]:
-        """Drafts (and, for sampled requests, their distributions [k, V]) for each scheduled decode.
+        """Drafts (and, for sampled requests, their distributions [k, V]) for each scheduled decode, on the host
+        (`launch` and its `resolve`)."""
+        launched = self.launch(scheduled)
+        if launched is None:
+            return [([], None) for _ in scheduled]
+        return list(zip(launched.resolve(), launched.q, strict=True))
+
+    def launch(self, scheduled: list[ScheduledSeq]) -> DeviceDrafts | None:
+        """Queue the draft's forwards for each scheduled decode and return its drafts on the device (None: no
+        sequence proposes this step). Every proposing sequence gets exactly `num_spec` drafts.
 
         The first forward catches each draft up on the tokens it has not seen, within the runner's token
         budget; a sequence that cannot catch up fully this step advances its draft cache and proposes
         nothing (it proposes from a later step on). The later rounds are fed decodes (`ScheduledSeq.fed_from`):
         each feeds the drafts the round before sampled, on the device, and samples on the device (argmax, or the
         exponential race `torch.multinomial` runs, with the request's generator, without its host-side check), so
-        the host waits for the device once, for all the drafts, after the last round."""
-        results: list[tuple[list[int], torch.Tensor | None]] = [([], None) for _ in scheduled]
+        the host waits for the device once, for all the drafts, in `DeviceDrafts.resolve`."""
         budget = self.runner.input_ids.shape[0]
         proposing: list[tuple[int, ScheduledSeq, _DraftState, ScheduledSeq]] = []
         partial: list[tuple[_DraftState, ScheduledSeq]] = []
@@ -95,7 +134,7 @@ class DraftModelProposer:
             else:
                 partial.append((st, ScheduledSeq(st.view, n)))
         if not proposing and not partial:
-            return results
+            return None
         # Most drafts first: the rows still drafting in round j are then the first ones of round j - 1.
         proposing.sort(key=lambda e: -e[1].num_spec)
         batch = [e[3] for e in proposing] + [item for _, item in partial]
@@ -105,7 +144,7 @@ class DraftModelProposer:
         for st, item in partial:
             st.known = item.seq.num_computed_tokens
         if not proposing:
-            return results
+            return None
         sampled = [r for r, e in enumerate(proposing) if not e[1].seq.params.greedy]
         logit_filter = LogitFilter([e[1].seq.params for e in proposing], logits.device, logits.shape[1]) \
             if sampled else None
@@ -129,14 +168,15 @@ class DraftModelProposer:
         drafts = torch.zeros(len(proposing), len(live), dtype=torch.int64, device=logits.device)
         for j, tokens in enumerate(rounds):
             drafts[:live[j], j] = tokens
-        host = drafts.tolist()  # the one wait for the device
-        for r, (i, s, st, _) in enumerate(proposing):
-            tokens_i = host[r][:s.num_spec]
+        offsets: list[int | None] = [None] * len(scheduled)
+        counts = [0] * len(scheduled)
+        q_out: list[torch.Tensor | None] = [None] * len(scheduled)
+        for r, (i, s, _, _) in enumerate(proposing):
+            offsets[i], counts[i] = r * len(live), s.num_spec
             q = q_rows.get(r)
-            results[i] = (tokens_i, torch.stack(q) if q else None)
-            st.view.output_token_ids.extend(tokens_i)
-            st.known = s.seq.num_tokens  # the KV now covers the known tokens and all drafts but the last
-        return results
+            q_out[i] = torch.stack(q) if q else None
+        return DeviceDrafts(drafts, offsets, counts, q_out,
+                            [(i, r, st, s.seq) for r, (i, s, st, _) in enumerate(proposing)])
 
     def accepted(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """After verification: keep the draft KV of the accepted drafts only."""
