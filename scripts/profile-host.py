@@ -15,7 +15,9 @@ milliseconds per step() call of each phase as JSON:
   on CUDA only the kernel launches, or the graph replay)
 - gpu_wait (CUDA): the host blocked on the GPU for a step's tokens; measured by synchronizing at the start of
   _sample (one step at a time) or _complete (async scheduling), where their own wait would otherwise be
-- propose (speculative decoding): SpeculativeDecoding.propose, the drafts of the step (a draft model's forwards)
+- propose (speculative decoding): SpeculativeDecoding.propose, the drafts of the step (a draft model's forwards);
+  draft_execute, the part of it in the draft's runner (staging and launching its forwards, or running them on a
+  CPU): the rest of propose is mostly the wait for the drafts on the host
 - sample: the rest of _sample (sampling kernels, their sync, logprobs; a speculative step's verification)
 - complete: the rest of _complete (async scheduling: appending the tokens read, stop checks, events)
 - postprocess: the rest of step (settling blocks, appending tokens, stop checks, events; the argmax launch
@@ -92,6 +94,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after the warm-up")
+    ap.add_argument("--draft-acceptance", type=float, default=None,
+                    help="with a draft model: each draft accepted with this probability, in order, as `governor bench "
+                         "spec --draft-acceptance` sets it (bench.spec.ControlledAcceptance)")
     ap.add_argument("engine_args", nargs="*", help="EngineConfig fields as key=value")
     a = ap.parse_intermixed_args()
     kwargs = {k: _value(v) for k, v in (kv.split("=", 1) for kv in a.engine_args)}
@@ -100,6 +105,12 @@ def main() -> None:
     llm = LLM(a.model, device=a.device, **kwargs)
     eng = llm.engine
     cuda = eng.device.type == "cuda"
+    if a.draft_acceptance is not None:
+        if eng.spec is None:
+            raise SystemExit("--draft-acceptance needs a speculative_config")
+        from governor.engine.bench.spec import ControlledAcceptance
+
+        ControlledAcceptance(eng.spec, a.draft_acceptance)
 
     def sync() -> None:
         if cuda:
@@ -136,6 +147,9 @@ def main() -> None:
     eng.executor.execute = timer.wrap("execute", inner_execute)  # type: ignore[method-assign]
     if eng.spec is not None:
         eng.spec.propose = timer.wrap("propose", eng.spec.propose)  # type: ignore[method-assign]
+        draft_runner = getattr(eng.spec.proposer, "runner", None)
+        if draft_runner is not None:  # a draft model's forwards: staged and launched (or run, on a CPU)
+            draft_runner.execute = timer.wrap("draft_execute", draft_runner.execute)  # type: ignore[method-assign]
 
     # CUDA: an event when the step's GPU work starts (its first upload, after staging) and one when its
     # sampling is done; the gap from one step's end to the next one's start is GPU idle time.
@@ -217,7 +231,8 @@ def main() -> None:
         launch = ms.get("execute", 0.0) - ms.get("stage", 0.0)
         waited = ms.get("gpu_wait", 0.0)
         in_sample = waited if "_sample" in ms else 0.0
-        row = {"schedule": ms.get("schedule", 0.0), "propose": ms.get("propose", 0.0), "stage": ms.get("stage", 0.0),
+        row = {"schedule": ms.get("schedule", 0.0), "propose": ms.get("propose", 0.0),
+               "draft_execute": ms.get("draft_execute", 0.0), "stage": ms.get("stage", 0.0),
                "launch": launch,
                "sample": ms.get("_sample", 0.0) - in_sample,
                "complete": ms.get("_complete", 0.0) - (waited - in_sample),
