@@ -106,6 +106,13 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
         out.append((f"packed_gemm x={x} gptq={gptq} bits={bits}", packed_gemm._packed_gemm_kernel,
                     {"x_ptr": x, "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32", "b_ptr": x,
                      "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts, 4))
+    for dtype, gptq, bits in (("*bf16", False, 4), ("*bf16", True, 4), ("*fp16", True, 8), ("*fp32", True, 4)):
+        sig, consts = constexprs("K GROUP BITS GPTQ ZERO_OFFSET BLOCK_K BLOCK_N", K=4096, GROUP=128, BITS=bits,
+                                 GPTQ=gptq, ZERO_OFFSET=1, BLOCK_K=packed_gemm._DQ_BLOCK_K,
+                                 BLOCK_N=packed_gemm._DQ_BLOCK_N)
+        out.append((f"packed_dequantize out={dtype} gptq={gptq} bits={bits}", packed_gemm._packed_dequantize_kernel,
+                    {"qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32", "out_ptr": dtype,
+                     "n": "i32", **sig}, consts, 4))
     for bk, per_token in ((128, False), (128, True), (32, False)):
         sig, consts = constexprs("K X_GROUPS BN_SCALE BK_SCALE X_PER_TOKEN BLOCK_M BLOCK_N BLOCK_K HAS_BIAS WIDEN",
                                  K=4096, X_GROUPS=1 if per_token else 4096 // bk, BN_SCALE=128, BK_SCALE=bk,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from governor.kernels.packed_gemm import PACKED_GEMM_MAX_ROWS, packed_gemm, packed_gemm_usable
+from governor.kernels.packed_gemm import PACKED_GEMM_MAX_ROWS, packed_dequantize, packed_gemm, packed_gemm_usable
 from tests import test_quantized_weights as qw
 from tests.conftest import DEVICE, needs_triton, seeded_randn
 
@@ -74,6 +74,51 @@ def test_what_the_kernel_does_not_take_is_refused_with_a_clear_message() -> None
         packed_gemm(one_row, qweight, zeros, scales, None, 4, 32)
     with pytest.raises(ValueError, match="x has 48 columns for a weight of 64 inputs and 16 outputs"):
         packed_gemm(seeded_randn(2, 48, dtype=torch.float32, seed=49), qweight, zeros, scales, None, 4, 32)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ["awq", "awq-ragged", "gptq4", "gptq4-act-order", "gptq8-act-order",
+                                  "gptq8-one-group"])
+def test_the_dense_weight_is_the_dequantized_weight_bit_for_bit(dtype: torch.dtype, case: str) -> None:
+    """`packed_dequantize` writes (code - zero) * scale, computed in fp32 and rounded once to `dtype`, [K, N]: the
+    test's own dequantization of its own packing, rounded the same way, bit for bit (larger steps multiply it with
+    cuBLAS, so their products are the reference path's)."""
+    n, k = (72, 96) if case == "awq-ragged" else (136, 192)
+    w = seeded_randn(n, k, dtype=torch.float32, seed=53, scale=0.1)
+    if case.startswith("awq"):
+        group = 32
+        g_idx = torch.arange(k) // group
+        q, z, sc = qw.quantize(w, qw.Scheme("awq", 4, group), g_idx)
+        args = [qw.pack_awq(q), qw.pack_awq(z), sc, None]
+        weight, bits = qw.dequantize(q, z, sc, g_idx), 4
+    else:
+        bits, group = (8 if "8" in case else 4), (-1 if "one-group" in case else 64)
+        perm = torch.randperm(k, generator=torch.Generator().manual_seed(54))
+        packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group, desc_act="act-order" in case), perm)
+        args = [packed[name] for name in ("qweight", "qzeros", "scales", "g_idx")]
+    got = packed_dequantize(*(a.to(DEVICE) if a is not None else None for a in args), bits,
+                            k if group == -1 else group, dtype)
+    assert got.shape == (k, n) and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got.cpu(), weight.t().to(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_dense_weight_at_a_real_shape_is_the_dequantized_weight() -> None:
+    """gate_up's shape of the llama3-8b layer, GPTQ int4 with act-order groups, bf16: bit for bit the test's own
+    dequantization."""
+    n, k, group = 2 * 14336, 4096, 128
+    gen = torch.Generator().manual_seed(55)
+    qweight = torch.randint(-2**31, 2**31 - 1, (k // 8, n), dtype=torch.int32, generator=gen)
+    qzeros = torch.randint(-2**31, 2**31 - 1, (k // group, n // 8), dtype=torch.int32, generator=gen)
+    scales = (torch.rand(k // group, n, generator=gen) * 0.01).half()
+    g_idx = torch.randperm(k, generator=gen).int() // group
+    q = torch.stack([(qweight.long() >> (4 * i)) & 0xF for i in range(8)], dim=1).reshape(k, n)
+    z = torch.stack([(qzeros.long() >> (4 * i)) & 0xF for i in range(8)], dim=2).reshape(k // group, n) + 1
+    want = qw.dequantize(q, z, scales, g_idx).t().to(torch.bfloat16)
+    got = packed_dequantize(qweight.cuda(), qzeros.cuda(), scales.cuda(), g_idx.cuda(), 4, group, torch.bfloat16)
+    assert torch.equal(got.cpu(), want)
 
 
 @pytest.mark.gpu

@@ -620,6 +620,23 @@ def test_triton_backend_runs_batched_steps_through_packed_gemms(quantized, hf_mo
     assert calls[kernel] >= 4 * 2 * 2  # (qkv, o, gate_up, down) x layers x (prefill, batched decode)
 
 
+@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order"])
+def test_triton_backend_runs_long_prefill_chunks_through_the_dense_weight(quantized, hf_model, monkeypatch,
+                                                                         case: str) -> None:
+    """A step of more rows than `packed_gemm` takes (a long prompt's prefill) multiplies the weight `packed_dequantize`
+    writes in one kernel; the tokens are transformers' on the dequantized weights."""
+    import governor.engine.models.quantization as quantization
+    from governor.kernels.packed_gemm import PACKED_GEMM_MAX_ROWS
+
+    calls = count_calls(monkeypatch, quantization, "packed_dequantize")
+    arch, scheme = {**GPTQ_CASES, "awq": ("llama", AWQ)}[case]
+    packed, oracle = quantized(arch, scheme)
+    llm = LLM(str(packed), dtype="float32", attention_backend="triton")
+    long = PACKED_GEMM_MAX_ROWS + 6
+    assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(1, seed=51, lo=long, hi=long), n=3)
+    assert calls["packed_dequantize"] >= 4 * 2  # (qkv, o, gate_up, down) x layers, in the prefill
+
+
 @pytest.mark.parametrize("case", ["qwen3-32x64", "online-fp8"])
 def test_one_row_w8a8_steps_round_their_inputs_in_the_kernels_that_write_them(quantized, online_fp8, monkeypatch,
                                                                                case: str) -> None:

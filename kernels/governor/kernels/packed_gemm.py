@@ -5,9 +5,15 @@ Without it a step of several rows rebuilds the whole weight in the activation dt
 reference path: per weight, half a byte read, two written and two read again); here each program reads the packed
 codes of its [BLOCK_K, BLOCK_N] tile, unpacks them with their zero points and scales in registers (`packed_codes`,
 `packed_zeros`, shared with the one-row GEMVs) and feeds the tile to `tl.dot`, so the weight's bytes are read once per
-BLOCK_M rows. Decode batches are weight-streaming like a GEMV; that is where it pays by construction. Large prefill
-steps are compute-bound, and whether this beats dequantization plus cuBLAS there is not yet measured:
+BLOCK_M rows. Decode batches are weight-streaming like a GEMV; that is where it pays by construction:
 `QuantizedLinear` takes it for steps of up to PACKED_GEMM_MAX_ROWS rows.
+
+Larger steps (prefill chunks) are compute-bound, and there the dense product is cuBLAS's: `packed_dequantize`
+writes the weight in the activation dtype in one pass over the packed tensors (the same per-tile arithmetic as
+`packed_gemm`, stored instead of multiplied), [K, N], whose transpose `torch.nn.functional.linear` takes as it is.
+The dense weight it writes equals the reference path's bit for bit, so the product is the reference path's; what it
+replaces is the reference's dequantization, a chain of unpacking, gathering and casting PyTorch ops over the whole
+weight.
 
 Numerics are the reference path's: the dequantized weight, computed in fp32, is rounded to the activation dtype (as
 `QuantizedLinear.dequantize(x.dtype)` rounds it), products accumulate in fp32 (`tl.dot`; fp32 inputs at IEEE
@@ -114,5 +120,58 @@ def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sc
         K=k, GROUP=max(group_size, 1), BITS=bits, GPTQ=gptq, ZERO_OFFSET=int(zeros_minus_one), BLOCK_M=_BLOCK_M,
         BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K,
         HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32 or INTERPRET, num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+_DQ_BLOCK_K, _DQ_BLOCK_N = 32, 128
+
+
+def packed_dequantize_usable(qweight: torch.Tensor, like: torch.Tensor) -> bool:
+    """Whether `packed_dequantize` runs here: Triton on `like`'s device, a contiguous int32 qweight."""
+    return triton_usable(like) and qweight.dim() == 2 and qweight.dtype == torch.int32 and qweight.is_contiguous()
+
+
+@triton.jit
+def _packed_dequantize_kernel(qw_ptr, qz_ptr, s_ptr, g_ptr, out_ptr, n, K: tl.constexpr, GROUP: tl.constexpr,
+                              BITS: tl.constexpr, GPTQ: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+                              BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Program: BLOCK_K input features by BLOCK_N output features of the dense weight [K, n], in out's dtype:
+    # (code - zero) * scale in fp32, rounded once, as `packed_gemm` computes its tiles.
+    dtype = out_ptr.dtype.element_ty
+    ks = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_mask, n_mask = ks < K, cols < n
+    if GPTQ:
+        groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)[:, None]
+    else:
+        groups = (ks // GROUP).to(tl.int64)[:, None]
+    mask = k_mask[:, None] & n_mask[None, :]
+    z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ, ZERO_OFFSET)
+    s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = (packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ) - z).to(tl.float32) * s
+    tl.store(out_ptr + ks.to(tl.int64)[:, None] * n + cols[None, :], round_to(w, dtype).to(dtype), mask=mask)
+
+
+def packed_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
+                      bits: int, group_size: int, dtype: torch.dtype, *, zeros_minus_one: bool = True
+                      ) -> torch.Tensor:
+    """The AWQ (`g_idx` None) or GPTQ packed weight dense, [K, N] in `dtype` (the transpose of the [N, K] weight,
+    contiguous): (code - zero) * scale computed in fp32 and rounded once, as `QuantizedLinear.dequantize(dtype)`
+    computes it. Layouts and `zeros_minus_one` as `packed_gemm`'s."""
+    if not packed_dequantize_usable(qweight, scales):
+        raise ValueError(f"packed_dequantize: needs Triton on the scales' device and a contiguous int32 qweight; got "
+                         f"qweight {tuple(qweight.shape)} {qweight.dtype}")
+    gptq = g_idx is not None
+    k = qweight.shape[0] * (32 // bits if gptq else 1)
+    n = qweight.shape[1] * (1 if gptq else 8)
+    if not (qzeros.is_contiguous() and scales.is_contiguous()) or scales.shape[1] != n:
+        raise ValueError(f"packed_dequantize: scales {tuple(scales.shape)} for a weight of {n} outputs; zeros and "
+                         "scales must be contiguous")
+    out = torch.empty(k, n, dtype=dtype, device=qweight.device)
+    grid = (triton.cdiv(k, _DQ_BLOCK_K), triton.cdiv(n, _DQ_BLOCK_N))
+    _packed_dequantize_kernel[grid](
+        qweight, qzeros, scales, g_idx if gptq else qweight, out, n, K=k, GROUP=max(group_size, 1), BITS=bits,
+        GPTQ=gptq, ZERO_OFFSET=int(zeros_minus_one), BLOCK_K=_DQ_BLOCK_K, BLOCK_N=_DQ_BLOCK_N, num_warps=4,
     )  # fmt: skip
     return out

@@ -56,9 +56,10 @@ fp8 checkpoints without an activation scheme run weight-only.
 Once loaded, AWQ's codes are repacked along the input features as GPTQ's (`QuantizedLinear.repack`), so AWQ and GPTQ
 share their kernels. `QuantizedLinear.forward` takes a one-row step on the fused path through the one-row GEMVs
 (`fp8_gemv`, `gptq_gemv`), a step of up to PACKED_GEMM_MAX_ROWS rows of an AWQ or GPTQ layer through
-`packed_gemm` (the weight dequantized tile by tile in registers), and anything else through the reference path: the
-whole weight dequantized to the activation dtype on every call and a dense matmul, correct on any device and slow on
-a GPU (a full-size weight is rebuilt per call).
+`packed_gemm` (the weight dequantized tile by tile in registers), a larger step of one through `packed_dequantize`
+and a dense matmul (the whole weight written in the activation dtype by one kernel, then cuBLAS), and anything else
+through the reference path: the whole weight dequantized by PyTorch ops on every call and a dense matmul, correct on
+any device and slow on a GPU.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ from governor.kernels.fp8_quant import (
 )
 from governor.kernels.gemv import fp8_gemv, fp8_gemv_usable
 from governor.kernels.launch_policy import LaunchPolicy
-from governor.kernels.packed_gemm import packed_gemm, packed_gemm_usable
+from governor.kernels.packed_gemm import packed_dequantize, packed_dequantize_usable, packed_gemm, packed_gemm_usable
 from governor.kernels.packed_gemv import awq_gemv, gptq_gemv, packed_gemv_usable
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k (from the lowest bits) of an AWQ int32 holds column AWQ_ORDER[k]
@@ -473,8 +474,9 @@ class QuantizedLinear(nn.Module):
                 kernels: LaunchPolicy | None = None) -> torch.Tensor:
         """x @ W.T (+ bias) in x's dtype. W8A8 layers quantize x first (`_w8a8`), unless x comes rounded
         (`RoundedInput`). On the fused path (`kernels`: its launch policy) a one-row step streams the packed bytes
-        through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step of a few rows of AWQ or GPTQ through `packed_gemm`;
-        otherwise W is dequantized on every call (the reference path; slow on a GPU)."""
+        through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step of a few rows of AWQ or GPTQ through `packed_gemm`, a
+        larger one through `packed_dequantize` and a dense matmul; otherwise W is dequantized on every call by PyTorch
+        ops (the reference path; slow on a GPU)."""
         if isinstance(x, RoundedInput):
             return self._times_rounded(x.values, bias, kernels, x.dtype)
         if self.method in FP8_METHODS and self.quantize_activations:
@@ -491,6 +493,11 @@ class QuantizedLinear(nn.Module):
         if packed and packed_gemm_usable(x, self.qweight):
             return packed_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx if self.codes_along_k else None,
                                self.bits, self.group_size, bias, zeros_minus_one=self.method == "gptq")
+        if packed and packed_dequantize_usable(self.qweight, x):
+            # Larger steps: the reference path's product, its dense weight written by one kernel.
+            w = packed_dequantize(self.qweight, self.qzeros, self.scales, self.g_idx if self.codes_along_k else None,
+                                  self.bits, self.group_size, x.dtype, zeros_minus_one=self.method == "gptq")
+            return nn.functional.linear(x, w.t(), bias)
         return nn.functional.linear(x, self.dequantize(x.dtype), bias)
 
     def _w8a8(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None) -> torch.Tensor:
