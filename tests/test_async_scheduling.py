@@ -254,6 +254,13 @@ def test_continuation_declines_whenever_the_scheduler_could_do_otherwise(case: s
     assert [s.block_table for s in seqs] == tables and sched.kv.pool.num_free == free  # nothing allocated
 
 
+def test_a_continuation_while_speculating_needs_the_engine_to_skip_its_drafts() -> None:
+    sched, seqs = running_scheduler([3, 4], num_speculative_tokens=2)
+    assert sched.schedule_continuation(rows_of(seqs), set()) is None
+    out = sched.schedule_continuation(rows_of(seqs), set(), without_drafts=True)
+    assert out is not None and all(s.num_spec == 0 and s.num_new_tokens == 1 for s in out.scheduled)
+
+
 def test_a_waiting_sequence_does_not_stop_a_continuation_when_it_could_not_be_admitted() -> None:
     sched, seqs = running_scheduler([3, 4], max_num_seqs=2)
     sched.add(Sequence("w", 9, [1, 2], SamplingParams(temperature=0.0, max_tokens=5), 5))

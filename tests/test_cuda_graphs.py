@@ -138,7 +138,10 @@ def test_padded_verification_steps_give_the_plain_tokens(hf_checkpoint, eager_gr
     path = hf_checkpoint("qwen3")
     prompts = repetitive_prompts(3, seed=4)
     want = run(LLM(str(path), dtype="float32", attention_backend="triton"), prompts, 10)
-    llm = _with_graphs(path, max_num_seqs=4, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    # One step at a time, so that prompt lookup drafts every step it can (with async scheduling it sits out steps
+    # after finding nothing).
+    llm = _with_graphs(path, max_num_seqs=4, async_scheduling=False,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert run(llm, prompts, 10) == want
     assert any(k.query_len == 4 for k in llm.engine.runner.graphs.replayed)
     assert llm.stats()["spec_accepted_tokens"] > 0
@@ -209,7 +212,8 @@ def test_gpu_graphs_with_prefix_caching_and_fp8_kv_fp32(hf_checkpoint) -> None:
 @pytest.mark.usefixtures("_no_tf32")
 def test_gpu_verification_graphs_give_the_eager_tokens_fp32(hf_checkpoint) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 3}
-    graphs, eager = _gpu_pair(hf_checkpoint("qwen3"), dtype="float32", max_num_seqs=8, speculative_config=spec)
+    graphs, eager = _gpu_pair(hf_checkpoint("qwen3"), dtype="float32", max_num_seqs=8, speculative_config=spec,
+                              async_scheduling=False)  # prompt lookup every step (see above)
     prompts = repetitive_prompts(6, seed=4)
     assert run(graphs, prompts, 20, knob_change=(5, {"num_speculative_tokens": 1})) == run(
         eager, prompts, 20, knob_change=(5, {"num_speculative_tokens": 1}))

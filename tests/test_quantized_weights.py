@@ -548,8 +548,8 @@ def test_prefix_caching_and_ngram_speculation_keep_greedy_tokens(quantized) -> N
     # A shared prefix (prefix-cache hits) and repeated n-grams (speculation proposals).
     prompts = [base + base[:6], [*base, 7, 8, 9, *base[:8]], base[:12] * 2]
     plain = LLM(str(packed), dtype="float32").generate(prompts, greedy(16))
-    fast = LLM(str(packed), dtype="float32", enable_prefix_caching=True, block_size=4,
-               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    fast = LLM(str(packed), dtype="float32", enable_prefix_caching=True, block_size=4, async_scheduling=False,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3})  # proposals every step
     outs = [fast.generate([p], greedy(16))[0] for p in prompts]  # one by one, so later prompts hit the cache
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     stats = fast.stats()

@@ -284,7 +284,9 @@ def mixed_batch_prompts() -> list[list[int]]:
 ENGINES: dict[str, dict[str, Any]] = {
     "sync": {"async_scheduling": False},
     "async": {"async_scheduling": True},
-    "ngram-drafts": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    # One step at a time: prompt lookup then runs every step (with async scheduling, a proposer that finds nothing
+    # sits out steps, and this random model's outputs repeat only now and then).
+    "ngram-drafts": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}, "async_scheduling": False},
 }
 
 

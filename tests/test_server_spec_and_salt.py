@@ -20,10 +20,12 @@ TOKEN = "admin-secret"
 @pytest.fixture(scope="module")
 def spec_server(hf_checkpoint: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    # One step at a time, so that prompt lookup runs every step: with async scheduling a proposer that finds nothing
+    # sits out steps, and this random model's outputs repeat its prompt only now and then.
     with contextlib.ExitStack() as stack:
         yield stack.enter_context(start_server(
             hf_checkpoint("qwen3"), "--served-model-name", MODEL, "--salt-per-api-key", "--block-size", "8",
-            "--speculative-config", spec, log_dir=tmp_path_factory.mktemp("logs"),
+            "--speculative-config", spec, "--no-async-scheduling", log_dir=tmp_path_factory.mktemp("logs"),
             env={"GOVERNOR_ADMIN_TOKEN": TOKEN}))
 
 

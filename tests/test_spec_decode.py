@@ -45,9 +45,11 @@ def tokens(outs) -> list[list[int]]:
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_ngram_greedy_output_is_identical_to_plain_decoding(target: Path, k: int) -> None:
+    """One step at a time, so that the proposer runs every step: with async scheduling an n-gram proposer that finds
+    nothing sits out steps (tested below), and on these prompts its matches are rare and brief."""
     prompts = repetitive_prompts(6, seed=k) + mixed_prompts(2, seed=k)
     want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(20)))
-    spec = LLM(str(target), dtype="float32",
+    spec = LLM(str(target), dtype="float32", async_scheduling=False,
                speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3})
     assert tokens(spec.generate(prompts, greedy(20))) == want
     stats = spec.stats()
@@ -187,6 +189,47 @@ def test_drafts_read_before_their_verification_give_the_same_tokens(target: Path
         llm.engine.spec.drafts_on_device = on_device
         outs.append((tokens(llm.generate(prompts, params)), llm.stats()["spec_accepted_tokens"]))
     assert outs[0] == outs[1] and outs[0][1] > 0
+
+
+def test_an_ngram_proposer_that_finds_nothing_backs_off_and_resets_on_a_draft(target: Path) -> None:
+    """After a proposal round without a draft the proposer sits out 1 step, then 2, 4, 8, 8, ...; a draft found
+    resets it. A draft model never sits out."""
+    from governor.engine.spec.decoding import NGRAM_BACKOFF_CAP
+
+    spec = LLM(str(target), dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    sd = spec.engine.spec
+    assert sd is not None and not sd.may_skip()
+    seen = []
+    for _ in range(6):
+        sd._back_off(found=False)
+        seen.append(sd.skips_left)
+    assert seen == [1, 2, 4, 8, 8, 8] and NGRAM_BACKOFF_CAP == 8
+    sd.skip_step()
+    assert sd.skips_left == 7 and sd.may_skip()
+    sd._back_off(found=True)
+    assert (sd.backoff, sd.skips_left, sd.may_skip()) == (0, 0, False)
+
+
+def test_prompt_lookup_that_finds_nothing_lets_steps_run_ahead_and_changes_no_token(
+        target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy requests whose output repeats nothing of their prompts: n-gram speculation finds no drafts, sits out
+    steps that async scheduling then launches ahead (fed decodes), tries again between them, and the tokens are
+    plain decoding's."""
+    from tests.conftest import count_calls
+    from tests.test_async_scheduling import count_fed_steps
+
+    prompts = mixed_prompts(4, seed=9)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(24)))
+    llm = LLM(str(target), dtype="float32", speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 3})
+    assert llm.engine.spec is not None
+    fed = count_fed_steps(llm.engine)
+    rounds = count_calls(monkeypatch, llm.engine.spec, "propose")
+    assert tokens(llm.generate(prompts, greedy(24))) == want
+    assert llm.stats()["spec_proposed_tokens"] == 0  # no 3-gram of these outputs repeats
+    # The prefill step, then 23 decode steps: proposal rounds at the 1st, 3rd, 6th, 11th and 20th (sitting out 1,
+    # 2, 4, 8 between), the rest launched ahead.
+    assert rounds["propose"] == 1 + 5 and fed[0] == 23 - 5
 
 
 def test_greedy_verifications_of_a_step_read_the_device_once(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,6 +220,8 @@ class LLMEngine:
         for seq in out.admitted:  # only a sequence taken from the queue can be scheduled for the first time
             if seq.first_scheduled_at is None:
                 seq.first_scheduled_at = now
+        if out.admitted and self.spec is not None:
+            self.spec.reset_backoff()  # new sequences: prompt lookup gets its chance at once
         draft_probs = self.spec.propose(out.scheduled) if self.spec is not None else {}
         # A step whose every token is an argmax gets only those (`CausalLM.compute_argmax`: taken over the
         # model-dtype logits, the same tokens, which never leave the device).
@@ -290,9 +292,14 @@ class LLMEngine:
             req = requests.get(seq.request_id)
             if req is not None and len(seq.output_token_ids) + 1 >= req.max_output:
                 ending.add(id(seq))
-        out = self.scheduler.schedule_continuation(rows, ending)
+        # With speculation a continuation has no drafts: only when the proposer is backing off (`spec.skip_step`).
+        skip = self.spec is not None and self.knobs.num_speculative_tokens > 0 and self.spec.may_skip()
+        out = self.scheduler.schedule_continuation(rows, ending, without_drafts=skip)
         if out is None:
             return None
+        if skip:
+            assert self.spec is not None
+            self.spec.skip_step()
         tokens = self.executor.execute(out, feed=prev.tokens, argmax=True)  # its tokens are argmaxes
         self.counters["steps"] += 1
         self.counters["tokens_computed"] += len(out.scheduled)

@@ -212,7 +212,8 @@ class Scheduler:
 
         return SchedulerOutput(scheduled, admitted)
 
-    def schedule_continuation(self, rows: dict[int, int], ending: set[int]) -> SchedulerOutput | None:
+    def schedule_continuation(self, rows: dict[int, int], ending: set[int], without_drafts: bool = False
+                              ) -> SchedulerOutput | None:
         """The next step, scheduled while the step in flight has yet to deliver its tokens: what `schedule`
         will make of it once they are in, when that is certain up to stops the host cannot foresee.
 
@@ -224,11 +225,11 @@ class Scheduler:
         row is computed and dropped.
 
         None, allocating nothing, when `schedule` could do otherwise: a running sequence that is not in
-        `rows` (a prefill chunk, one left out of the step), draft slots to reserve, a waiting sequence it
-        could admit, a token budget too small for every decode, or too few free blocks (it would
-        preempt)."""
+        `rows` (a prefill chunk, one left out of the step), draft slots to reserve (unless `without_drafts`:
+        the engine skips speculation for this step), a waiting sequence it could admit, a token budget too
+        small for every decode, or too few free blocks (it would preempt)."""
         knobs = self.knobs
-        if knobs.num_speculative_tokens > 0:
+        if knobs.num_speculative_tokens > 0 and not without_drafts:
             return None
         seqs = []
         for seq in self.running:

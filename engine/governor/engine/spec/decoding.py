@@ -25,6 +25,8 @@ from governor.kernels.argmax import argmax_rows
 
 Verified = list[tuple[list[int], list[dict[int, float] | None]]]  # per sampling sequence: (tokens, logprobs)
 _COUNTERS = ("spec_proposed_tokens", "spec_accepted_tokens", "spec_verification_steps")
+# The most steps in a row an n-gram proposer that keeps finding nothing sits out (`SpeculativeDecoding.may_skip`).
+NGRAM_BACKOFF_CAP = 8
 
 
 class SpeculativeDecoding:
@@ -40,6 +42,15 @@ class SpeculativeDecoding:
         # engine asks for it with one rank, whose runner alone can take token ids from the device.
         self.drafts_on_device = drafts_on_device and isinstance(proposer, DraftModelProposer)
         self.pending: tuple[list[ScheduledSeq], DeviceDrafts] | None = None
+        # Prompt lookup that finds nothing still costs its step the overlap of async scheduling (a step that may
+        # carry drafts is scheduled once the tokens before it are on the host). So after a proposal round in
+        # which it found no draft for any sequence, the proposer sits out the next `skips_left` steps, which run
+        # as plain decodes launched ahead (`LLMEngine._launch_continuation`): 1 step, then 2, 4, ... up to
+        # NGRAM_BACKOFF_CAP while it keeps finding nothing; any draft found, or a sequence admitted, resets it.
+        # Outputs are unchanged (greedy tokens do not depend on the drafts); a repetition that starts while it
+        # sits out is drafted at most NGRAM_BACKOFF_CAP steps late.
+        self.backoff = 0
+        self.skips_left = 0
 
     def propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
         """Fill each speculative decode's draft slots; the draft distributions by id(seq) (draft model, sampled
@@ -70,11 +81,32 @@ class SpeculativeDecoding:
             if launched is not None:
                 self.pending = (spec, launched)
             return probs
+        found = False
         for s, (drafts, q) in zip(spec, self.proposer.propose(spec), strict=True):
+            found = found or bool(drafts)
             s.set_drafts(drafts)
             if q is not None:
                 probs[id(s.seq)] = q[:len(drafts)]
+        if isinstance(self.proposer, NgramProposer):
+            self._back_off(found)
         return probs
+
+    def _back_off(self, found: bool) -> None:
+        """After an n-gram proposal round: reset the backoff when it found a draft, else double it (see __init__)."""
+        self.backoff = 0 if found else min(max(1, 2 * self.backoff), NGRAM_BACKOFF_CAP)
+        self.skips_left = self.backoff
+
+    def reset_backoff(self) -> None:
+        """Sequences joined the batch: the proposer tries again from the next step on (see __init__)."""
+        self.backoff = self.skips_left = 0
+
+    def may_skip(self) -> bool:
+        """Whether the next step may run without drafts (the n-gram proposer is sitting out steps)."""
+        return self.skips_left > 0
+
+    def skip_step(self) -> None:
+        """A step ran without drafts while the proposer sat out."""
+        self.skips_left -= 1
 
     @property
     def device_drafts(self) -> torch.Tensor | None:
