@@ -78,27 +78,31 @@ def test_what_the_kernel_does_not_take_is_refused_with_a_clear_message() -> None
 
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("case", ["awq", "awq-ragged", "gptq4", "gptq4-act-order", "gptq8-act-order",
+@pytest.mark.parametrize("case", ["awq", "awq-ragged", "awq-repacked", "gptq4", "gptq4-act-order", "gptq8-act-order",
                                   "gptq8-one-group"])
 def test_the_dense_weight_is_the_dequantized_weight_bit_for_bit(dtype: torch.dtype, case: str) -> None:
     """`packed_dequantize` writes (code - zero) * scale, computed in fp32 and rounded once to `dtype`, [K, N]: the
-    test's own dequantization of its own packing, rounded the same way, bit for bit (larger steps multiply it with
-    cuBLAS, so their products are the reference path's)."""
+    test's own dequantization of its own packing, rounded the same way, bit for bit. "awq-repacked" is the layout the
+    engine runs AWQ in: GPTQ's packing along the input features, groups in order, zero points stored as they are."""
     n, k = (72, 96) if case == "awq-ragged" else (136, 192)
     w = seeded_randn(n, k, dtype=torch.float32, seed=53, scale=0.1)
+    zeros_minus_one = case.startswith("gptq")
     if case.startswith("awq"):
-        group = 32
+        bits, group = 4, 32
         g_idx = torch.arange(k) // group
         q, z, sc = qw.quantize(w, qw.Scheme("awq", 4, group), g_idx)
-        args = [qw.pack_awq(q), qw.pack_awq(z), sc, None]
-        weight, bits = qw.dequantize(q, z, sc, g_idx), 4
+        if case == "awq-repacked":
+            args = [qw.pack_gptq(q, 4, 0), qw.pack_gptq(z, 4, 1), sc, g_idx.int()]
+        else:
+            args = [qw.pack_awq(q), qw.pack_awq(z), sc, None]
+        weight = qw.dequantize(q, z, sc, g_idx)
     else:
         bits, group = (8 if "8" in case else 4), (-1 if "one-group" in case else 64)
         perm = torch.randperm(k, generator=torch.Generator().manual_seed(54))
         packed, weight = qw.pack_linear(w, qw.Scheme("gptq", bits, group, desc_act="act-order" in case), perm)
         args = [packed[name] for name in ("qweight", "qzeros", "scales", "g_idx")]
     got = packed_dequantize(*(a.to(DEVICE) if a is not None else None for a in args), bits,
-                            k if group == -1 else group, dtype)
+                            k if group == -1 else group, dtype, zeros_minus_one=zeros_minus_one)
     assert got.shape == (k, n) and got.dtype == dtype and got.is_contiguous()
     assert torch.equal(got.cpu(), weight.t().to(dtype))
 
@@ -117,7 +121,8 @@ def test_gpu_dense_weight_at_a_real_shape_is_the_dequantized_weight() -> None:
     q = torch.stack([(qweight.long() >> (4 * i)) & 0xF for i in range(8)], dim=1).reshape(k, n)
     z = torch.stack([(qzeros.long() >> (4 * i)) & 0xF for i in range(8)], dim=2).reshape(k // group, n) + 1
     want = qw.dequantize(q, z, scales, g_idx).t().to(torch.bfloat16)
-    got = packed_dequantize(qweight.cuda(), qzeros.cuda(), scales.cuda(), g_idx.cuda(), 4, group, torch.bfloat16)
+    got = packed_dequantize(qweight.cuda(), qzeros.cuda(), scales.cuda(), g_idx.cuda(), 4, group, torch.bfloat16,
+                            zeros_minus_one=True)
     assert torch.equal(got.cpu(), want)
 
 

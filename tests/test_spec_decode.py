@@ -193,7 +193,7 @@ def test_drafts_read_before_their_verification_give_the_same_tokens(target: Path
 
 def test_an_ngram_proposer_that_finds_nothing_backs_off_and_resets_on_a_draft(target: Path) -> None:
     """After a proposal round without a draft the proposer sits out 1 step, then 2, 4, 8, 8, ...; a draft found
-    resets it. A draft model never sits out."""
+    resets it, and so do a change of K and an admitted sequence, whose next round then does not back off."""
     from governor.engine.spec.decoding import NGRAM_BACKOFF_CAP
 
     spec = LLM(str(target), dtype="float32", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
@@ -208,6 +208,59 @@ def test_an_ngram_proposer_that_finds_nothing_backs_off_and_resets_on_a_draft(ta
     assert sd.skips_left == 7 and sd.may_skip()
     sd._back_off(found=True)
     assert (sd.backoff, sd.skips_left, sd.may_skip()) == (0, 0, False)
+    for _ in range(3):
+        sd._back_off(found=False)
+    spec.engine.update_knobs(num_speculative_tokens=2)  # the same K: nothing changes
+    assert sd.skips_left == 4
+    spec.engine.update_knobs(num_speculative_tokens=1)
+    assert not sd.may_skip()
+    sd._back_off(found=False)  # the round after a reset
+    assert not sd.may_skip()
+    sd._back_off(found=False)
+    assert sd.skips_left == 1
+
+
+def test_an_admitted_sequence_gets_proposal_rounds_at_once(target: Path) -> None:
+    """A proposer backed off after finding nothing for one request tries again, with its next two rounds, as soon
+    as another request is admitted."""
+    llm = LLM(str(target), dtype="float32", speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 3})
+    eng, sd = llm.engine, llm.engine.spec
+    assert sd is not None
+    first, second = mixed_prompts(2, seed=9)
+    llm.generate([first], greedy(16))
+    assert llm.stats()["spec_proposed_tokens"] == 0 and sd.backoff == 8  # rounds at decode steps 1, 2, 4, 7, 12
+    eng.add_request("new", second, greedy(8))
+    eng.step()  # admits it: its prefill
+    assert (sd.backoff, sd.may_skip(), sd.fresh) == (0, False, True)
+    eng.step()  # its first decode: a round that finds nothing, and does not back off
+    assert (sd.backoff, sd.may_skip(), sd.fresh) == (0, False, False)
+    eng.step()  # the second round backs off (and the step after it runs ahead)
+    assert sd.backoff == 1
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert llm.stats()["spec_proposed_tokens"] == 0
+
+
+def test_a_draft_model_never_sits_out_and_runs_no_step_ahead(target: Path, other_draft: Path) -> None:
+    from tests.test_async_scheduling import count_fed_steps
+
+    llm = LLM(str(target), dtype="float32",
+              speculative_config={"method": "draft_model", "model": str(other_draft), "num_speculative_tokens": 2})
+    fed = count_fed_steps(llm.engine)
+    llm.generate(mixed_prompts(3, seed=11), greedy(12))
+    assert llm.engine.spec is not None and not llm.engine.spec.may_skip() and fed[0] == 0
+
+
+def test_ngram_with_async_scheduling_gives_plain_decodings_tokens_between_back_offs(target: Path) -> None:
+    """Async scheduling's default: prompt lookup finds drafts now and then on these prompts, backs off in between
+    (steps run ahead), and the tokens are plain decoding's."""
+    prompts = repetitive_prompts(6, seed=3) + mixed_prompts(2, seed=3)
+    want = tokens(LLM(str(target), dtype="float32").generate(prompts, greedy(20)))
+    llm = LLM(str(target), dtype="float32",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    assert tokens(llm.generate(prompts, greedy(20))) == want
+    assert llm.stats()["spec_proposed_tokens"] > 0
 
 
 def test_prompt_lookup_that_finds_nothing_lets_steps_run_ahead_and_changes_no_token(
@@ -227,9 +280,10 @@ def test_prompt_lookup_that_finds_nothing_lets_steps_run_ahead_and_changes_no_to
     rounds = count_calls(monkeypatch, llm.engine.spec, "propose")
     assert tokens(llm.generate(prompts, greedy(24))) == want
     assert llm.stats()["spec_proposed_tokens"] == 0  # no 3-gram of these outputs repeats
-    # The prefill step, then 23 decode steps: proposal rounds at the 1st, 3rd, 6th, 11th and 20th (sitting out 1,
-    # 2, 4, 8 between), the rest launched ahead.
-    assert rounds["propose"] == 1 + 5 and fed[0] == 23 - 5
+    # The prefill step, then 23 decode steps: proposal rounds at the 1st and 2nd (the first round after a sequence
+    # is admitted does not back off), 4th, 7th, 12th and 21st (sitting out 1, 2, 4, 8 between), the rest launched
+    # ahead.
+    assert rounds["propose"] == 1 + 6 and fed[0] == 23 - 6
 
 
 def test_greedy_verifications_of_a_step_read_the_device_once(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,8 +319,8 @@ def test_a_block_filled_by_accepted_drafts_is_cached_once_its_tokens_are_known(t
     the block they fill is hashed at the next settle (hashing it at once raised IndexError)."""
     prompts = repetitive_prompts(4, seed=1)
     want = tokens(LLM(str(target), dtype="float32", block_size=4).generate(prompts, greedy(16)))
-    llm = LLM(str(target), dtype="float32", block_size=4, enable_prefix_caching=True,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    llm = LLM(str(target), dtype="float32", block_size=4, enable_prefix_caching=True, async_scheduling=False,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3})  # lookup every step (see above)
     assert tokens(llm.generate(prompts, greedy(16))) == want
     assert llm.stats()["spec_accepted_tokens"] > 0
     again = llm.generate(prompts, greedy(16))  # every full block of the first run is now a cache hit

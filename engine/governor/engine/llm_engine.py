@@ -181,6 +181,9 @@ class LLMEngine:
             lo, hi = caps[name]
             if not isinstance(value, int) or not lo <= value <= hi:
                 raise ValueError(f"{name}={value!r} is outside [{lo}, {hi}] (the hard cap fixed at start)")
+        if self.spec is not None and changes.get("num_speculative_tokens", self.knobs.num_speculative_tokens) \
+                != self.knobs.num_speculative_tokens:
+            self.spec.reset_backoff()  # a new depth: prompt lookup tries it at once
         for name, value in changes.items():
             setattr(self.knobs, name, value)
         return self.knobs

@@ -114,16 +114,16 @@ class ModelRunner:
         # tensor is a fixed view of the device buffer, the address captured CUDA graphs read.
         fields = [("seq_lens", torch.int32, (max_num_seqs,)), ("qsl", torch.int32, (max_num_seqs + 1,)),
                   ("prefill_qsl", torch.int32, (max_num_seqs + 1,)), ("logits_idx", torch.int64, (self.max_logits,)),
-                  ("feed_rows", torch.int64, (max_num_seqs,)),
-                  # A verification's drafts still on the device (`DeviceDrafts`): where each goes among the step's
-                  # token ids, and where it is in the flattened drafts.
-                  ("draft_dst", torch.int64, (max_num_seqs * max_spec_tokens,)),
-                  ("draft_src", torch.int64, (max_num_seqs * max_spec_tokens,)),
-                  ("input_ids", torch.int64, (max_num_tokens,)),
+                  ("feed_rows", torch.int64, (max_num_seqs,)), ("input_ids", torch.int64, (max_num_tokens,)),
                   ("positions", torch.int64, (max_num_tokens,)),
                   ("slots", torch.int64, (max_num_tokens,)),
-                  # Last: a step uses whole rows, so the rows it leaves unused are never copied.
-                  ("block_tables", torch.int32, (max_num_seqs, self.max_blocks_per_seq))]
+                  # A step uses whole rows, so the rows it leaves unused are never copied.
+                  ("block_tables", torch.int32, (max_num_seqs, self.max_blocks_per_seq)),
+                  # A verification's drafts still on the device (`DeviceDrafts`): where each goes among the step's
+                  # token ids, and where it is in the flattened drafts. After the tables, so that steps without
+                  # them upload the span they always did.
+                  ("draft_dst", torch.int64, (max_num_seqs * max_spec_tokens,)),
+                  ("draft_src", torch.int64, (max_num_seqs * max_spec_tokens,))]
         self.field_offsets: dict[str, int] = {}
         size = 0
         for name, dtype, shape in fields:
@@ -352,9 +352,9 @@ class ModelRunner:
         whole_rows = not self._packs_tables(shape)
         used = (("seq_lens", 4 * b), ("qsl", 4 * (b + 1)), ("prefill_qsl", 4 * (b + 1 - shape.num_decodes)),
                 ("logits_idx", 8 * shape.num_logits), ("feed_rows", 8 * shape.num_logits if fed else 0),
-                ("draft_dst", 8 * self._num_device_drafts), ("draft_src", 8 * self._num_device_drafts),
                 ("input_ids", 8 * t), ("positions", 8 * t),
-                ("slots", 8 * t), ("block_tables", 4 * b * self.max_blocks_per_seq if whole_rows else 0))
+                ("slots", 8 * t), ("block_tables", 4 * b * self.max_blocks_per_seq if whole_rows else 0),
+                ("draft_dst", 8 * self._num_device_drafts), ("draft_src", 8 * self._num_device_drafts))
         ranges: list[tuple[int, int]] = []
         for name, nbytes in used:
             if not nbytes:

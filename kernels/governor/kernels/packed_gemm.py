@@ -11,9 +11,9 @@ BLOCK_M rows. Decode batches are weight-streaming like a GEMV; that is where it 
 Larger steps (prefill chunks) are compute-bound, and there the dense product is cuBLAS's: `packed_dequantize`
 writes the weight in the activation dtype in one pass over the packed tensors (the same per-tile arithmetic as
 `packed_gemm`, stored instead of multiplied), [K, N], whose transpose `torch.nn.functional.linear` takes as it is.
-The dense weight it writes equals the reference path's bit for bit, so the product is the reference path's; what it
-replaces is the reference's dequantization, a chain of unpacking, gathering and casting PyTorch ops over the whole
-weight.
+The dense weight it writes equals the reference path's bit for bit, in the layout the reference path multiplies
+(the transpose of a contiguous [K, N]); what it replaces is the reference's dequantization, a chain of unpacking,
+gathering and casting PyTorch ops over the whole weight.
 
 Numerics are the reference path's: the dequantized weight, computed in fp32, is rounded to the activation dtype (as
 `QuantizedLinear.dequantize(x.dtype)` rounds it), products accumulate in fp32 (`tl.dot`; fp32 inputs at IEEE
@@ -154,8 +154,7 @@ def _packed_dequantize_kernel(qw_ptr, qz_ptr, s_ptr, g_ptr, out_ptr, n, K: tl.co
 
 
 def packed_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
-                      bits: int, group_size: int, dtype: torch.dtype, *, zeros_minus_one: bool = True
-                      ) -> torch.Tensor:
+                      bits: int, group_size: int, dtype: torch.dtype, *, zeros_minus_one: bool) -> torch.Tensor:
     """The AWQ (`g_idx` None) or GPTQ packed weight dense, [K, N] in `dtype` (the transpose of the [N, K] weight,
     contiguous): (code - zero) * scale computed in fp32 and rounded once, as `QuantizedLinear.dequantize(dtype)`
     computes it. Layouts and `zeros_minus_one` as `packed_gemm`'s."""

@@ -163,7 +163,7 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                 if k == 0:
                     base = rate
                 speedup = rate / base if base else None
-                draft_key = (spec.get("model"), spec.get("quantization"))
+                draft_key = (str(spec.get("model")), spec.get("quantization"))
                 c = base / draft_rates[draft_key][batch] if draft_key in draft_rates and base else 0.0
                 theory = theoretical_speedup(alpha, k, c) if k else 1.0
                 row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,

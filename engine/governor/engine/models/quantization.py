@@ -494,7 +494,8 @@ class QuantizedLinear(nn.Module):
             return packed_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx if self.codes_along_k else None,
                                self.bits, self.group_size, bias, zeros_minus_one=self.method == "gptq")
         if packed and packed_dequantize_usable(self.qweight, x):
-            # Larger steps: the reference path's product, its dense weight written by one kernel.
+            # Any other step (several rows beyond packed_gemm's, or a row the GEMVs do not take): the reference
+            # path's product, its dense weight written by one kernel.
             w = packed_dequantize(self.qweight, self.qzeros, self.scales, self.g_idx if self.codes_along_k else None,
                                   self.bits, self.group_size, x.dtype, zeros_minus_one=self.method == "gptq")
             return nn.functional.linear(x, w.t(), bias)

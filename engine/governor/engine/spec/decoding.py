@@ -46,11 +46,14 @@ class SpeculativeDecoding:
         # carry drafts is scheduled once the tokens before it are on the host). So after a proposal round in
         # which it found no draft for any sequence, the proposer sits out the next `skips_left` steps, which run
         # as plain decodes launched ahead (`LLMEngine._launch_continuation`): 1 step, then 2, 4, ... up to
-        # NGRAM_BACKOFF_CAP while it keeps finding nothing; any draft found, or a sequence admitted, resets it.
-        # Outputs are unchanged (greedy tokens do not depend on the drafts); a repetition that starts while it
-        # sits out is drafted at most NGRAM_BACKOFF_CAP steps late.
+        # NGRAM_BACKOFF_CAP while it keeps finding nothing; any draft found resets it, and a sequence admitted or
+        # a change of K resets it with one more round (`reset_backoff`: the new sequence's first decode, or the
+        # new depth, is tried whatever the round of the admitting step found). Outputs are unchanged (greedy
+        # tokens do not depend on the drafts); a repetition that starts while it sits out is drafted at most
+        # NGRAM_BACKOFF_CAP steps late.
         self.backoff = 0
         self.skips_left = 0
+        self.fresh = False  # reset since the last round that found nothing: that round does not back off
 
     def propose(self, scheduled: list[ScheduledSeq]) -> dict[int, torch.Tensor]:
         """Fill each speculative decode's draft slots; the draft distributions by id(seq) (draft model, sampled
@@ -93,12 +96,15 @@ class SpeculativeDecoding:
 
     def _back_off(self, found: bool) -> None:
         """After an n-gram proposal round: reset the backoff when it found a draft, else double it (see __init__)."""
-        self.backoff = 0 if found else min(max(1, 2 * self.backoff), NGRAM_BACKOFF_CAP)
+        fresh, self.fresh = self.fresh, False
+        self.backoff = 0 if found or fresh else min(max(1, 2 * self.backoff), NGRAM_BACKOFF_CAP)
         self.skips_left = self.backoff
 
     def reset_backoff(self) -> None:
-        """Sequences joined the batch: the proposer tries again from the next step on (see __init__)."""
+        """Sequences joined the batch, or K changed: the proposer tries again from now on, at least two rounds
+        (see __init__)."""
         self.backoff = self.skips_left = 0
+        self.fresh = True
 
     def may_skip(self) -> bool:
         """Whether the next step may run without drafts (the n-gram proposer is sitting out steps)."""
