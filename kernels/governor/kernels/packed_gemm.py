@@ -67,6 +67,23 @@ def store_rows(out_ptr, acc, b_ptr, rows, cols, n, row_mask, n_mask, HAS_BIAS: t
 
 
 @triton.jit
+def dense_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, k_mask, n_mask, K: tl.constexpr, GROUP: tl.constexpr,
+               BITS: tl.constexpr, GPTQ: tl.constexpr, ZERO_OFFSET: tl.constexpr, dtype: tl.constexpr):
+    # The dense weight's [BLOCK_K, BLOCK_N] tile (input features ks, output features cols) in `dtype`: (code - zero)
+    # * scale in fp32, each input feature's group from g_idx for GPTQ, i // GROUP for AWQ, rounded once by hand as
+    # the reference path's dense weight is (see round_to).
+    if GPTQ:
+        groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)[:, None]
+    else:
+        groups = (ks // GROUP).to(tl.int64)[:, None]
+    mask = k_mask[:, None] & n_mask[None, :]
+    z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ, ZERO_OFFSET)
+    s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = (packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ) - z).to(tl.float32) * s
+    return round_to(w, dtype).to(dtype)
+
+
+@triton.jit
 def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, n, K: tl.constexpr,
                         GROUP: tl.constexpr, BITS: tl.constexpr, GPTQ: tl.constexpr, ZERO_OFFSET: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -80,15 +97,8 @@ def _packed_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, out_ptr, m, 
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
         x = rows_tile(x_ptr, rows, ks, K, row_mask, k_mask)
-        if GPTQ:
-            groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)[:, None]
-        else:
-            groups = (ks // GROUP).to(tl.int64)[:, None]
-        mask = k_mask[:, None] & n_mask[None, :]
-        z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ, ZERO_OFFSET)
-        s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        w = (packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ) - z).to(tl.float32) * s
-        w = round_to(w, dtype).to(dtype)  # the reference path's dense weight, rounded by hand (see round_to)
+        w = dense_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, k_mask, n_mask, K, GROUP, BITS, GPTQ, ZERO_OFFSET,
+                       dtype)
         if IEEE:  # fp32 inputs, or 16-bit ones widened (exactly) for the interpreter, whose dot takes no bf16
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
@@ -142,15 +152,8 @@ def _packed_dequantize_kernel(qw_ptr, qz_ptr, s_ptr, g_ptr, out_ptr, n, K: tl.co
     ks = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     k_mask, n_mask = ks < K, cols < n
-    if GPTQ:
-        groups = tl.load(g_ptr + ks, mask=k_mask, other=0).to(tl.int64)[:, None]
-    else:
-        groups = (ks // GROUP).to(tl.int64)[:, None]
-    mask = k_mask[:, None] & n_mask[None, :]
-    z = packed_zeros(qz_ptr, groups, cols[None, :], n, mask, BITS, GPTQ, ZERO_OFFSET)
-    s = tl.load(s_ptr + groups * n + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    w = (packed_codes(qw_ptr, ks, cols, n, K, BITS, GPTQ) - z).to(tl.float32) * s
-    tl.store(out_ptr + ks.to(tl.int64)[:, None] * n + cols[None, :], round_to(w, dtype).to(dtype), mask=mask)
+    w = dense_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, ks, cols, n, k_mask, n_mask, K, GROUP, BITS, GPTQ, ZERO_OFFSET, dtype)
+    tl.store(out_ptr + ks.to(tl.int64)[:, None] * n + cols[None, :], w, mask=k_mask[:, None] & n_mask[None, :])
 
 
 def packed_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
