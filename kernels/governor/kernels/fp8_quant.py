@@ -125,7 +125,7 @@ def _fp8_quantize_kernel(x_ptr, out_ptr, scales_ptr, stride_x, K: tl.constexpr, 
     # One program per (row, group): the group's largest magnitude, then its codes (or the values they stand for).
     # A group of up to BLOCK features is read once and held in registers; a longer one is read twice, a BLOCK at a
     # time (its largest magnitude first). A serial loop over a long row is latency-bound: in 1,024-feature tiles, with
-    # SiLU·mul computed in each pass, the rounding of o's 4,096 features and down's 14,336 took 8.6 us a call on
+    # SiLU·mul computed in each pass, the rounding of o's 4,096 features and down's 14,336 took 8.6 us a launch on
     # average on an H200 (docs/performance/quantized-weights.md).
     row = tl.program_id(0).to(tl.int64)
     gi = tl.program_id(1)
