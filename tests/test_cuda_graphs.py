@@ -245,6 +245,12 @@ def test_gpu_draft_model_graphs_give_the_eager_tokens_fp32(hf_checkpoint, tmp_pa
     assert graphs.engine.spec is not None and eager.engine.spec is not None
     draft_graphs = graphs.engine.spec.proposer.runner.graphs  # type: ignore[attr-defined]
     assert draft_graphs is not None and draft_graphs.num_replays > 0
+    if draft_kind == "target-fp8":  # the draft's linears hold e4m3 weights; the target's do not
+        from governor.engine.models.quantization import QuantizedLinear
+
+        quantized = [m for m in graphs.engine.spec.proposer.model.modules() if isinstance(m, QuantizedLinear)]
+        assert quantized and all(m.weight.dtype == torch.float8_e4m3fn for m in quantized)
+        assert not any(isinstance(m, QuantizedLinear) for m in graphs.engine.model.modules())
     assert eager.engine.spec.proposer.runner.graphs is None  # type: ignore[attr-defined]
     stats = graphs.stats()
     if draft_kind == "target":  # nearly every draft is accepted (a near-tie may flip between batch shapes)

@@ -125,10 +125,14 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
     # (draft model, its quantization) -> batch -> its own plain decoding rate, measured as the draft runs in the
     # speculation: with the draft's quantization, not the target's.
     draft_rates: dict[tuple[str, str | None], dict[int, float]] = {}
+
+    def draft_key(spec: dict[str, Any]) -> tuple[str, str | None]:
+        return str(spec.get("model")), spec.get("quantization")
+
     for spec in variants.values():
         if not spec.get("model"):
             continue
-        key = (str(spec["model"]), spec.get("quantization"))
+        key = draft_key(spec)
         if key not in draft_rates:
             draft = LLM(key[0], **{**engine_args, "quantization": key[1]})
             _generation_rate(draft, 2, input_len, 4, seed=0)  # warm-up
@@ -163,8 +167,8 @@ def bench_spec(model: str, engine_args: dict[str, Any], variants: dict[str, dict
                 if k == 0:
                     base = rate
                 speedup = rate / base if base else None
-                draft_key = (str(spec.get("model")), spec.get("quantization"))
-                c = base / draft_rates[draft_key][batch] if draft_key in draft_rates and base else 0.0
+                rates = draft_rates.get(draft_key(spec))
+                c = base / rates[batch] if rates and base else 0.0
                 theory = theoretical_speedup(alpha, k, c) if k else 1.0
                 row = {"variant": name, "batch": batch, "k": k, "output_tok_s": rate,
                        "controlled_acceptance": variant.get("controlled_acceptance"),

@@ -49,19 +49,16 @@ class DeviceDrafts:
     counts: list[int]
     q: list[torch.Tensor | None]
     _settle: list[tuple[int, int, _DraftState, Sequence]]  # (scheduled index, row, state, real sequence)
-    resolved: list[list[int]] | None = None
 
     def resolve(self) -> list[list[int]]:
-        """The drafts of each scheduled entry, on the host; the proposer's state updated as `propose` does."""
-        if self.resolved is None:
-            host = self.tokens.tolist()  # the one wait for the device
-            out: list[list[int]] = [[] for _ in self.counts]
-            for i, r, st, seq in self._settle:
-                out[i] = host[r][:self.counts[i]]
-                st.view.output_token_ids.extend(out[i])
-                st.known = seq.num_tokens  # the KV now covers the known tokens and all drafts but the last
-            self.resolved = out
-        return self.resolved
+        """The drafts of each scheduled entry, on the host, with the proposer's state settled on them: call it once."""
+        host = self.tokens.tolist()  # the one wait for the device
+        out: list[list[int]] = [[] for _ in self.counts]
+        for i, r, st, seq in self._settle:
+            out[i] = host[r][:self.counts[i]]
+            st.view.output_token_ids.extend(out[i])
+            st.known = seq.num_tokens  # the KV now covers the known tokens and all drafts but the last
+        return out
 
 
 class DraftModelProposer:
