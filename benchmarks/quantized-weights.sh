@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quantized weights on one GPU (docs/performance/quantized-weights.md):
 #   bash benchmarks/quantized-weights.sh            or some stages: STAGE="tests governor", STAGE=vllm
-#   (FORMATS="bf16 gptq", VLLM_FORMATS="bf16 awq", GPT_FAST_WEIGHTS=int4: a stage's formats)
+#   (FORMATS="bf16 gptq", VLLM_FORMATS="bf16 awq", GPT_FAST_WEIGHTS=int4: a stage's formats; BATCHES=1,8,16: the
+#   governor stage's decode batches, default 1)
 # Batch-1 decode of the llama3-8b shape at a 512-token context, by weight format. Every side draws random weights
 # on the GPU from a config-only directory (`governor make-model --no-weights [--quantization awq|gptq|fp8]`, and
 # load_format dummy), so nothing big is written or read. Stages:
@@ -40,6 +41,9 @@ else
   FORMATS=${FORMATS:-bf16 fp8-online fp8-block awq gptq}
 fi
 . benchmarks/lib/stages.sh
+BATCHES=${BATCHES:-1}
+MAX_SEQS=$(tr , '\n' <<< "$BATCHES" | sort -n | tail -1)
+[ "$MAX_SEQS" -ge 8 ] || MAX_SEQS=8
 D=/tmp/quant-models/$PRESET
 GPT_FAST_DIR=${GPT_FAST_DIR:-.peers/gpt-fast}
 VLLM_SITE=${VLLM_SITE:-}
@@ -59,7 +63,7 @@ governor_run() {  # governor_run FORMAT
   read -r -a args <<< "$(dir_of "$1")"
   rm -f "$RESULTS_DIR/lat-governor-$1.json"  # a file left by an earlier run must not pass for this one
   timeout 400 python3 -m governor.engine bench latency --model "$D/${args[0]}" --load-format dummy "${DEVICE[@]}" \
-    "${LEN[@]}" "${LAT[@]}" --batches 1 --max-num-seqs 8 "${args[@]:1}" \
+    "${LEN[@]}" "${LAT[@]}" --batches "$BATCHES" --max-num-seqs "$MAX_SEQS" "${args[@]:1}" \
     --output-json "$RESULTS_DIR/lat-governor-$1.json" 2>&1 | quiet
   [ -s "$RESULTS_DIR/lat-governor-$1.json" ]
 }

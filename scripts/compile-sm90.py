@@ -98,14 +98,21 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
         out.append((f"packed_split gptq={gptq} bits={bits} splits={splits}", packed_gemv._packed_split_kernel,
                     {"x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*bf16",
                      "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts, warps))
-    for x, gptq, bits, ieee in (("*bf16", False, 4, False), ("*bf16", True, 4, False), ("*fp16", True, 8, False),
-                                ("*fp32", True, 4, True)):
-        sig, consts = constexprs("K GROUP BITS GPTQ ZERO_OFFSET BLOCK_M BLOCK_N BLOCK_K HAS_BIAS IEEE", K=4096,
-                                 GROUP=128, BITS=bits, GPTQ=gptq, ZERO_OFFSET=1, BLOCK_M=packed_gemm._BLOCK_M,
-                                 BLOCK_N=packed_gemm._BLOCK_N, BLOCK_K=packed_gemm._BLOCK_K, HAS_BIAS=True, IEEE=ieee)
-        out.append((f"packed_gemm x={x} gptq={gptq} bits={bits}", packed_gemm._packed_gemm_kernel,
-                    {"x_ptr": x, "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32", "b_ptr": x,
-                     "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts, 4))
+    # Steps of a few rows over codes in groups in order (decode batches): the policy's tile, groups of 128 and (bf16,
+    # int4) of 32, several a K step.
+    block_n, max_chunk, warps, stages = policy.packed_gemm_tile
+    for x, bits, group, ieee in (("*bf16", 4, 128, False), ("*bf16", 4, 32, False), ("*fp16", 8, 128, False),
+                                 ("*bf16", 8, 128, False), ("*fp32", 4, 128, True)):
+        step, chunk = packed_gemm.packed_gemm_split_shape(4096, group, bits, max_chunk) or (0, 0)
+        magic = 0 if ieee or (x, bits) == ("*bf16", 8) else 128 if x == "*bf16" else 1024
+        sig, consts = constexprs("K GROUP BITS ZERO_OFFSET BLOCK_M BLOCK_N BLOCK_K CHUNK SPLITS SPLITS_P2 HAS_BIAS "
+                                 "IEEE MAGIC MAGIC_BITS STAGES", K=4096, GROUP=group, BITS=bits, ZERO_OFFSET=0,
+                                 BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=step, CHUNK=chunk, SPLITS=4096 // chunk,
+                                 SPLITS_P2=4096 // chunk, HAS_BIAS=True, IEEE=ieee, MAGIC=magic,
+                                 MAGIC_BITS={0: 0, 128: 0x4300, 1024: 0x6400}[magic], STAGES=stages)
+        out.append((f"packed_gemm_split x={x} bits={bits} group={group}", packed_gemm._packed_gemm_split_kernel,
+                    {"x_ptr": x, "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": x, "ws_ptr": "*fp32",
+                     "cnt_ptr": "*i32", "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts, warps))
     for dtype, gptq, bits in (("*bf16", False, 4), ("*bf16", True, 4), ("*fp16", True, 8), ("*fp32", True, 4)):
         sig, consts = constexprs("K GROUP BITS GPTQ ZERO_OFFSET BLOCK_K BLOCK_N", K=4096, GROUP=128, BITS=bits,
                                  GPTQ=gptq, ZERO_OFFSET=1, BLOCK_K=packed_gemm._DQ_BLOCK_K,

@@ -268,16 +268,18 @@ def write_quantized(src: Path, packed_dir: Path, oracle_dir: Path, scheme: Schem
 
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory: pytest.TempPathFactory):
-    """`quantized(arch, scheme)` → (packed checkpoint, fp32 oracle checkpoint), cached."""
-    cache: dict[tuple[str, Scheme], tuple[Path, Path]] = {}
+    """`quantized(arch, scheme, **config)` → (packed checkpoint, fp32 oracle checkpoint), cached; `config`: fields of
+    the tiny architecture's config to override (e.g. wider layers)."""
+    cache: dict[tuple[str, Scheme, tuple[tuple[str, Any], ...]], tuple[Path, Path]] = {}
 
-    def get(arch: str, scheme: Scheme) -> tuple[Path, Path]:
-        if (arch, scheme) not in cache:
+    def get(arch: str, scheme: Scheme, **config: Any) -> tuple[Path, Path]:
+        key = (arch, scheme, tuple(sorted(config.items())))
+        if key not in cache:
             root = tmp_path_factory.mktemp(f"{arch}-{scheme.method}{scheme.bits}")
-            src = build_hf_checkpoint(root / "src", arch)
+            src = build_hf_checkpoint(root / "src", arch, **config)
             write_quantized(src, root / "packed", root / "oracle", scheme)
-            cache[arch, scheme] = root / "packed", root / "oracle"
-        return cache[arch, scheme]
+            cache[key] = root / "packed", root / "oracle"
+        return cache[key]
 
     return get
 
@@ -603,21 +605,25 @@ def test_triton_backend_runs_quantized_decode_steps_through_their_gemv(quantized
     assert calls[kernel] >= 3 * 4 * 2  # decode steps x (qkv, o, gate_up, down) x layers
 
 
-@pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order", "qwen3-32x64"])
+WIDE = {"hidden_size": 128, "intermediate_size": 256}  # layers of 128 inputs and more: a 4-bit packed_gemm K step
+
+
+@pytest.mark.parametrize("case", ["awq-wide", "gptq8-sym", "gptq4-asym-act-order", "qwen3-32x64"])
 def test_triton_backend_runs_batched_steps_through_packed_gemms(quantized, hf_model, monkeypatch, case: str) -> None:
-    """On the fused path (Triton backend) prefill chunks and batched decode steps of an AWQ or GPTQ model take
-    `packed_gemm`, of a block-scaled fp8 model `fp8_block_gemm` (W8A8), one-row steps the GEMVs; the tokens are
-    transformers' on the dequantized weights (fp8: with W8A8's input rounding)."""
+    """On the fused path (Triton backend) batched decode steps of an AWQ or GPTQ model with groups in order take
+    `packed_gemm` (AWQ's 4-bit groups of 64: two a K step; GPTQ's 8-bit ones of 64: a step's), those of act order
+    the dense weight `packed_dequantize` writes, and a block-scaled fp8 model's `fp8_block_gemm` (W8A8); one-row
+    steps the GEMVs. The tokens are transformers' on the dequantized weights (fp8: with W8A8's input rounding)."""
     import governor.engine.models.quantization as quantization
 
-    kernel = "fp8_block_gemm" if case == "qwen3-32x64" else "packed_gemm"
+    kernel = {"qwen3-32x64": "fp8_block_gemm", "gptq4-asym-act-order": "packed_dequantize"}.get(case, "packed_gemm")
     calls = count_calls(monkeypatch, quantization, kernel)
-    arch, scheme = {**GPTQ_CASES, **FP8_CASES, "awq": ("llama", AWQ)}[case]
-    packed, oracle = quantized(arch, scheme)
+    arch, scheme = {**GPTQ_CASES, **FP8_CASES, "awq-wide": ("llama", AWQ)}[case]
+    packed, oracle = quantized(arch, scheme, **(WIDE if case == "awq-wide" else {}))
     llm = LLM(str(packed), dtype="float32", attention_backend="triton")
     assert_greedy_parity(llm, hf_model(oracle), mixed_prompts(3, seed=50, lo=2, hi=12), n=4,
                          w8a8=scheme.activation_group)
-    assert calls[kernel] >= 4 * 2 * 2  # (qkv, o, gate_up, down) x layers x (prefill, batched decode)
+    assert calls[kernel] >= 4 * 2 * 3  # (qkv, o, gate_up, down) x layers x batched decode steps
 
 
 @pytest.mark.parametrize("case", ["awq", "gptq4-asym-act-order"])

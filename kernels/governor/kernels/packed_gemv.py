@@ -177,8 +177,9 @@ def packed_k_step(k: int, group_size: int, in_order: bool) -> tuple[int, bool]:
 
 @triton.jit
 def _split_k_finish(partial, ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, n, SPLITS: tl.constexpr,
-                    SPLITS_P2: tl.constexpr, HAS_BIAS: tl.constexpr):
-    # The split-K epilogue (see above) for one program's BLOCK partial sums at output offsets offs.
+                    SPLITS_P2: tl.constexpr, HAS_BIAS: tl.constexpr, bias_offs=None):
+    # The split-K epilogue (see above) for one program's BLOCK partial sums at output offsets offs: n is a split's
+    # stride in the workspace (the outputs of a launch), bias_offs the bias's offsets (None: offs).
     dtype = out_ptr.dtype.element_ty
     if SPLITS == 1:
         total = partial
@@ -188,8 +189,10 @@ def _split_k_finish(partial, ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, n, SPL
         arrived = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel")
         total = tl.zeros(partial.shape, tl.float32)
         if arrived == SPLITS - 1:  # the last split: every partial is in the workspace
-            # Eight splits' partials at a time (a program of 1,024 columns would hold 16 x 1,024 at once).
-            ROWS: tl.constexpr = 8 if SPLITS_P2 > 8 else SPLITS_P2
+            # Eight splits' partials at a time, fewer for a program of more than 256 outputs (a program of 1,024
+            # columns would hold 16 x 1,024 at once).
+            EACH: tl.constexpr = 2048 // partial.shape[0] if partial.shape[0] < 2048 else 1
+            ROWS: tl.constexpr = min(8, EACH, SPLITS_P2)
             for first in tl.static_range(0, SPLITS_P2, ROWS):
                 splits = first + tl.arange(0, ROWS)
                 parts = tl.load(ws_ptr + splits[:, None] * n + offs[None, :],
@@ -197,7 +200,7 @@ def _split_k_finish(partial, ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, n, SPL
                 total += tl.sum(parts, axis=0)
             tl.atomic_xchg(cnt_ptr + tl.program_id(0), 0)
     if HAS_BIAS:
-        total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        total += tl.load(b_ptr + (offs if bias_offs is None else bias_offs), mask=mask, other=0.0).to(tl.float32)
     if SPLITS == 1:
         tl.store(out_ptr + offs, round_to(total, dtype).to(dtype), mask=mask)
     else:

@@ -16,8 +16,9 @@ only.
 A pre-quantized checkpoint (AWQ, GPTQ, block-scaled fp8: `cfg.quantization`) holds each decoder linear as a
 `QuantizedLinear` (models/quantization.py) in place of the dense weight, fused the same way (AWQ's codes repacked
 into GPTQ's layout once loaded); on fused steps it streams its packed bytes through `fp8_gemv` or `gptq_gemv` (one
-row) or `packed_gemm` / an e4m3 GEMM (a few rows), every other case runs the reference dequantize path. Embeddings,
-norms and lm_head stay dense.
+row), `packed_gemm` (a few rows of AWQ or GPTQ with groups in order), the dense weight `packed_dequantize` writes
+(other AWQ or GPTQ steps) or an e4m3 GEMM (fp8, several rows); every other case runs the reference dequantize path.
+Embeddings, norms and lm_head stay dense.
 """
 
 from __future__ import annotations

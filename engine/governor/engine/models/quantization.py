@@ -55,9 +55,10 @@ fp8 checkpoints without an activation scheme run weight-only.
 
 Once loaded, AWQ's codes are repacked along the input features as GPTQ's (`QuantizedLinear.repack`), so AWQ and GPTQ
 share their kernels. `QuantizedLinear.forward` takes a one-row step on the fused path through the one-row GEMVs
-(`fp8_gemv`, `gptq_gemv`), a step of up to PACKED_GEMM_MAX_ROWS rows of an AWQ or GPTQ layer through
-`packed_gemm` (the weight dequantized tile by tile in registers), a larger step of one through `packed_dequantize`
-and a dense matmul (the whole weight written in the activation dtype by one kernel, then cuBLAS), and anything else
+(`fp8_gemv`, `gptq_gemv`), a step of up to PACKED_GEMM_MAX_ROWS rows of an AWQ or GPTQ layer whose groups are in
+order through `packed_gemm` (the codes multiplied where they lie, every row at once), any other step of several rows
+of one through `packed_dequantize` and a dense matmul (the whole weight written in the activation dtype by one
+kernel, then cuBLAS), and anything else
 through the reference path: the whole weight dequantized by PyTorch ops on every call and a dense matmul, correct on
 any device and slow on a GPU.
 """
@@ -474,9 +475,9 @@ class QuantizedLinear(nn.Module):
                 kernels: LaunchPolicy | None = None) -> torch.Tensor:
         """x @ W.T (+ bias) in x's dtype. W8A8 layers quantize x first (`_w8a8`), unless x comes rounded
         (`RoundedInput`). On the fused path (`kernels`: its launch policy) a one-row step streams the packed bytes
-        through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step of a few rows of AWQ or GPTQ through `packed_gemm`, a
-        larger one through `packed_dequantize` and a dense matmul; otherwise W is dequantized on every call by PyTorch
-        ops (the reference path; slow on a GPU)."""
+        through `fp8_gemv`, `awq_gemv` or `gptq_gemv`, a step of a few rows of AWQ or GPTQ with groups in order
+        through `packed_gemm`, any other of several rows through `packed_dequantize` and a dense matmul; otherwise W
+        is dequantized on every call by PyTorch ops (the reference path; slow on a GPU)."""
         if isinstance(x, RoundedInput):
             return self._times_rounded(x.values, bias, kernels, x.dtype)
         if self.method in FP8_METHODS and self.quantize_activations:
@@ -490,9 +491,10 @@ class QuantizedLinear(nn.Module):
             return gptq_gemv(x, self.qweight, self.qzeros, self.scales, self.g_idx, self.bits, bias,
                              group_size=self.group_size if self.groups_in_order else None, policy=kernels,
                              zeros_minus_one=self.method == "gptq")
-        if packed and packed_gemm_usable(x, self.qweight):
-            return packed_gemm(x, self.qweight, self.qzeros, self.scales, self.g_idx if self.codes_along_k else None,
-                               self.bits, self.group_size, bias, zeros_minus_one=self.method == "gptq")
+        if packed and self.codes_along_k and packed_gemm_usable(x, self.qweight, self.group_size, self.bits,
+                                                                self.groups_in_order):
+            return packed_gemm(x, self.qweight, self.qzeros, self.scales, self.bits, self.group_size, bias,
+                               zeros_minus_one=self.method == "gptq", policy=kernels)
         if packed and packed_dequantize_usable(self.qweight, x):
             # Any other step (several rows beyond packed_gemm's, or a row the GEMVs do not take): the reference
             # path's product, its dense weight written by one kernel.
