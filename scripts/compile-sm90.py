@@ -100,16 +100,16 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
                      "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts, warps))
     # Steps of a few rows over codes in groups in order (decode batches): the policy's tile, groups of 128 and (bf16,
     # int4) of 32, several a K step.
-    block_n, max_chunk, warps, stages = policy.packed_gemm_tile
+    block_n, max_chunk, warps = policy.packed_gemm_tile
     for x, bits, group, ieee in (("*bf16", 4, 128, False), ("*bf16", 4, 32, False), ("*fp16", 8, 128, False),
                                  ("*bf16", 8, 128, False), ("*fp32", 4, 128, True)):
         step, chunk = packed_gemm.packed_gemm_split_shape(4096, group, bits, max_chunk) or (0, 0)
         magic = 0 if ieee or (x, bits) == ("*bf16", 8) else 128 if x == "*bf16" else 1024
         sig, consts = constexprs("K GROUP BITS ZERO_OFFSET BLOCK_M BLOCK_N BLOCK_K CHUNK SPLITS SPLITS_P2 HAS_BIAS "
-                                 "IEEE MAGIC MAGIC_BITS STAGES", K=4096, GROUP=group, BITS=bits, ZERO_OFFSET=0,
+                                 "IEEE MAGIC MAGIC_BITS", K=4096, GROUP=group, BITS=bits, ZERO_OFFSET=0,
                                  BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=step, CHUNK=chunk, SPLITS=4096 // chunk,
                                  SPLITS_P2=4096 // chunk, HAS_BIAS=True, IEEE=ieee, MAGIC=magic,
-                                 MAGIC_BITS={0: 0, 128: 0x4300, 1024: 0x6400}[magic], STAGES=stages)
+                                 MAGIC_BITS={0: 0, 128: 0x4300, 1024: 0x6400}[magic])
         out.append((f"packed_gemm_split x={x} bits={bits} group={group}", packed_gemm._packed_gemm_split_kernel,
                     {"x_ptr": x, "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": x, "ws_ptr": "*fp32",
                      "cnt_ptr": "*i32", "out_ptr": x, "m": "i32", "n": "i32", **sig}, consts, warps))

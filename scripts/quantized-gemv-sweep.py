@@ -3,8 +3,11 @@ policies that differ in the quantized kernels' fields, and print each product's 
 copy bandwidth (weight, zero-point and scale bytes read).
 
     python scripts/quantized-gemv-sweep.py [--formats fp8,awq,gptq] [--shapes qkv,o] [--output-json FILE]
-                                           [--deadline-s 300]
+                                           [--deadline-s 300] [--gemm-rows M]
     TRITON_INTERPRET=1 python scripts/quantized-gemv-sweep.py --check   (CPU: every variant against its reference)
+
+`--gemm-rows M` times `packed_gemm` instead (steps of M rows, GPTQ int4 in groups of 128 in order) under the
+launch policy's `packed_gemm_tile` variants, each against the exact product.
 
 Variants: fp8 — `fp8_gemv` over per-feature (quantized at load) and 128 x 128 block scales with the policy's
 `fp8_gemv` tile, the x rounding W8A8 runs before it (`fp8_round`); AWQ — `awq_gemv` on AWQ's own layout, split along
@@ -31,6 +34,7 @@ from governor.engine.models.quantization import pack_int32, unpack_awq
 from governor.kernels.fp8_quant import fp8_round
 from governor.kernels.gemv import fp8_gemv, fp8_gemv_ref, gemv
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
+from governor.kernels.packed_gemm import packed_gemm
 from governor.kernels.packed_gemv import awq_gemv, awq_gemv_ref, gptq_gemv, gptq_gemv_ref
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -159,6 +163,47 @@ def run_format(fmt: str, shapes: dict[str, tuple[int, int]], check: bool, copy: 
     return rows
 
 
+GEMM_TILES = [(64, 1024, 4), (64, 512, 4), (128, 512, 4), (128, 512, 8), (128, 256, 4), (32, 512, 2)]
+
+
+def run_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: float, stop_at: float) -> list[dict]:
+    """`packed_gemm` on `rows` rows of x per product and tile (GPTQ int4, groups of 128 in order, zero points as
+    stored), each against the exact product, and its microseconds and fraction of the copy bandwidth."""
+    from governor.engine.bench.latency import graph_us_per_call
+    device = torch.device("cpu" if check else "cuda")
+    dtype = torch.float32 if check else torch.bfloat16
+    base = policy_for(device)
+    out: list[dict] = []
+    for name, (n, k) in shapes.items():
+        gen = torch.Generator().manual_seed(n + k)
+        t = tuple(a.to(device) for a in operands("gptq", n, k, gen)["gptq"])
+        nbytes = sum(a.numel() * a.element_size() for a in t)
+        copies = 1 if check else max(1, -(-L2_SPAN // nbytes))
+        sets = [t] + [tuple(a.clone() for a in t) for _ in range(copies - 1)]
+        x = torch.randn(rows, k, generator=gen).to(device, dtype)
+        g_idx = torch.arange(k, dtype=torch.int32, device=device) // GROUP
+        want = torch.cat([gptq_gemv_ref(x[i:i + 1], *t, g_idx, 4, zeros_minus_one=False) for i in range(rows)]).float()
+        for tile in GEMM_TILES[:2] if check else GEMM_TILES:
+            if time.monotonic() > stop_at:
+                print("deadline reached", flush=True)
+                return out
+            policy = dataclasses.replace(base, packed_gemm_tile=tile)
+
+            def call(i: int, p: LaunchPolicy = policy, x: torch.Tensor = x,
+                     sets: list[tuple[torch.Tensor, ...]] = sets) -> torch.Tensor:
+                return packed_gemm(x, *sets[i % len(sets)], 4, GROUP, zeros_minus_one=False, policy=p)
+            err = (call(0).float() - want).abs().max().item()
+            r: dict = {"format": "gptq", "rows": rows, "gemm": name, "tile": list(tile), "max_abs_err": err,
+                       "max_abs_want": want.abs().max().item()}
+            if not check:
+                us = graph_us_per_call(call, copies)
+                r |= {"us": round(us, 2), "fraction_of_copy": round(nbytes / (us * 1e-6) / 1e9 / copy, 3)}
+            out.append(r)
+            print(f"{name:8} {rows} rows tile {tile}: " + (f"{r['us']:7.1f} us " if "us" in r else "")
+                  + f"err {err:.3g} of {r['max_abs_want']:.3g}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--formats", default="awq,gptq,fp8")
@@ -166,6 +211,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="small shapes on the CPU, against the references only")
     ap.add_argument("--output-json")
     ap.add_argument("--deadline-s", type=float, default=300.0)
+    ap.add_argument("--gemm-rows", type=int, help="time packed_gemm's tiles on this many rows instead")
     a = ap.parse_args()
     stop_at = time.monotonic() + a.deadline_s
     if a.check:
@@ -178,7 +224,9 @@ def main() -> None:
         copy = hbm_bandwidth_gb_per_s()
         print(f"copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
-    for fmt in a.formats.split(","):
+    if a.gemm_rows:
+        rows = run_rows(a.gemm_rows, {"a": (64, 512), "b": (136, 1024)} if a.check else shapes, a.check, copy, stop_at)
+    for fmt in [] if a.gemm_rows else a.formats.split(","):
         rows += run_format(fmt, shapes, a.check, copy, stop_at)
     if a.output_json:
         with open(a.output_json, "w") as f:

@@ -23,6 +23,7 @@ from governor.kernels.packed_gemm import (
 )
 from tests import test_quantized_weights as qw
 from tests.conftest import DEVICE, needs_triton, seeded_randn
+from tests.test_kernels_paged_attention import LaunchSpy
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -36,17 +37,6 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> N
     assert got.dtype == dtype
     tol = 2e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
-
-
-class _LaunchCount:
-    """Counts the launches of a Triton kernel it stands in for (`kernel[grid](...)`)."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
 
 
 def _grouped_in_order(bits: int, n: int, k: int, group: int, zeros_as_stored: bool, seed: int
@@ -79,11 +69,11 @@ def test_codes_in_groups_in_order_match_the_exact_product(monkeypatch: pytest.Mo
     args, weight = _grouped_in_order(bits, n, k, group, zeros_as_stored, seed=60)
     x = seeded_randn(rows, k, dtype=dtype, seed=61)
     bias = seeded_randn(n, dtype=dtype, seed=62)
-    policy = dataclasses.replace(policy_for(x.device), packed_gemm_tile=(64, 512, 4, 1))
-    spy = _LaunchCount(packed_gemm_module._packed_gemm_split_kernel)
+    policy = dataclasses.replace(policy_for(x.device), packed_gemm_tile=(64, 512, 4))
+    spy = LaunchSpy(packed_gemm_module._packed_gemm_split_kernel)
     monkeypatch.setattr(packed_gemm_module, "_packed_gemm_split_kernel", spy)
     got = packed_gemm(x, *args, bits, group, bias, zeros_minus_one=not zeros_as_stored, policy=policy)
-    assert spy.launches == 1
+    assert len(spy.launches) == 1
     exact = group >= 16 * (32 // bits)
     want = x.double() @ (weight if exact else weight.to(dtype)).double().t() + bias.double()
     tol = 2e-5 if dtype == torch.float32 else 1e-2

@@ -126,11 +126,11 @@ class LaunchPolicy:
     # 256 x 128 tile.
     packed_split_pdl: bool = True
     # Steps of 2 to 16 rows over AWQ's and GPTQ's codes in groups in order (`packed_gemm._packed_gemm_split_kernel`:
-    # decode batches, verification steps): output features a program takes, most input features (chunk), warps and
-    # pipeline stages of the chunk's loop. Over a llama3-8b int4 layer at 8 rows on an H200, 64 x 1,024 on 4 warps
-    # was best (175 us) of 64/128 columns, chunks of 512/1,024 and 4/8 warps, and among the faster of a first sweep
-    # with 32 columns, 2 warps, chunks of 256 and 3 stages, all slower (docs/performance/quantized-weights.md).
-    packed_gemm_tile: tuple[int, int, int, int] = (64, 1024, 4, 1)
+    # decode batches, verification steps): output features a program takes, most input features (chunk) and warps.
+    # Over a llama3-8b int4 layer at 8 rows on an H200, 64 x 1,024 on 4 warps was best (175 us) of 64/128 columns,
+    # chunks of 512/1,024 and 4/8 warps; 32 columns, 2 warps, chunks of 256 and the chunk's loop pipelined in 3
+    # stages were slower (`scripts/quantized-gemv-sweep.py --gemm-rows 8`, docs/performance/quantized-weights.md).
+    packed_gemm_tile: tuple[int, int, int] = (64, 1024, 4)
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.
     # Whether they launch under programmatic dependent launch where the GPU has it (`elementwise.chain_pdl`): each

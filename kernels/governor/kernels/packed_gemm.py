@@ -93,7 +93,7 @@ def _packed_gemm_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_p
                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               CHUNK: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
                               HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, MAGIC: tl.constexpr,
-                              MAGIC_BITS: tl.constexpr, STAGES: tl.constexpr):
+                              MAGIC_BITS: tl.constexpr):
     # Program (i, j): every row of x (m <= BLOCK_M) by output features i * BLOCK_N.., over input features
     # j * CHUNK.. in K steps of BLOCK_K; GPTQ's layout, groups of GROUP consecutive inputs. A step's words
     # [BLOCK_K / PER, BLOCK_N] are loaded once; code c of word r stands for input feature PER * r + c, so the step is
@@ -116,7 +116,7 @@ def _packed_gemm_split_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, ws_ptr, cnt_p
     rr = tl.arange(0, BLOCK_K // PER)
     k_first = tl.program_id(1) * CHUNK
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k_step in tl.range(0, CHUNK, BLOCK_K, num_stages=STAGES):
+    for k_step in range(0, CHUNK, BLOCK_K):
         k0 = k_first + k_step
         words = tl.load(qw_ptr + (k0 // PER + rr).to(tl.int64)[:, None] * n + cols[None, :], mask=n_mask[None, :],
                         other=0)
@@ -195,7 +195,7 @@ def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sc
     m = x.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     policy = policy or policy_for(x.device)
-    block_n, max_chunk, warps, stages = policy.packed_gemm_tile
+    block_n, max_chunk, warps = policy.packed_gemm_tile
     split = packed_gemm_split_shape(k, group_size, bits, max_chunk)
     assert split is not None  # packed_gemm_usable
     step, chunk = split
@@ -210,7 +210,7 @@ def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sc
         x, qweight, qzeros, scales, bias if bias is not None else out, ws, _split_counters(x.device, blocks), out, m, n,
         K=k, GROUP=group_size, BITS=bits, ZERO_OFFSET=int(zeros_minus_one), BLOCK_M=max(16, triton.next_power_of_2(m)),
         BLOCK_N=block_n, BLOCK_K=step, CHUNK=chunk, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-        HAS_BIAS=bias is not None, IEEE=ieee, MAGIC=magic, MAGIC_BITS=magic_bits, STAGES=stages, num_warps=warps,
+        HAS_BIAS=bias is not None, IEEE=ieee, MAGIC=magic, MAGIC_BITS=magic_bits, num_warps=warps,
     )  # fmt: skip
     return out
 
