@@ -100,7 +100,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
                      "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "n": "i32", **sig}, consts, warps))
     # Steps of a few rows over codes in groups in order (decode batches): the policy's tile, groups of 128 and (bf16,
     # int4) of 32, several a K step.
-    block_n, max_chunk, warps = policy.packed_gemm_tile
+    block_n, max_chunk, warps = policy.packed_gemm_tiles[0][1]
     for x, bits, group, ieee in (("*bf16", 4, 128, False), ("*bf16", 4, 32, False), ("*fp16", 8, 128, False),
                                  ("*bf16", 8, 128, False), ("*fp32", 4, 128, True)):
         step, chunk = packed_gemm.packed_gemm_split_shape(4096, group, bits, max_chunk) or (0, 0)
@@ -120,14 +120,25 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
         out.append((f"packed_dequantize out={dtype} gptq={gptq} bits={bits}", packed_gemm._packed_dequantize_kernel,
                     {"qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32", "out_ptr": dtype,
                      "n": "i32", **sig}, consts, 4))
-    for bk, per_token in ((128, False), (128, True), (32, False)):
-        sig, consts = constexprs("K X_GROUPS BN_SCALE BK_SCALE X_PER_TOKEN BLOCK_M BLOCK_N BLOCK_K HAS_BIAS WIDEN",
-                                 K=4096, X_GROUPS=1 if per_token else 4096 // bk, BN_SCALE=128, BK_SCALE=bk,
-                                 X_PER_TOKEN=per_token, BLOCK_M=fp8_gemm._BLOCK_M, BLOCK_N=fp8_gemm._BLOCK_N,
-                                 BLOCK_K=fp8_gemm.fp8_block_k_step(bk), HAS_BIAS=True, WIDEN=False)
-        out.append((f"fp8_block_gemm block_k={bk} per_token_x={per_token}", fp8_gemm._fp8_block_gemm_kernel,
+    # W8A8 products of several rows: the split launch (decode steps: the policy's split tile, 16 rows, K 4,096 in
+    # chunks) and the unsplit one (prefill: the policy's tile over all of K), over 128 x 128 blocks with x in 1 x 128
+    # groups or per token, blocks 32 wide, and a scale per output feature (block (1, K), x per token).
+    split_n, split_chunk, split_warps, _ = policy.fp8_gemm_split_tile
+    tile_m, tile_n, tile_warps, _ = policy.fp8_gemm_tile
+    for bn, bk, per_token, split in ((128, 128, False, True), (128, 128, True, True), (128, 32, False, True),
+                                     (1, 4096, True, True), (128, 128, False, False), (1, 4096, True, False)):
+        step = fp8_gemm.fp8_block_k_step(bk)
+        chunk = fp8_gemm.fp8_gemm_split_chunk(4096, step, split_chunk) if split else 4096
+        sig, consts = constexprs("K X_GROUPS BN_SCALE BK_SCALE X_PER_TOKEN BLOCK_M BLOCK_N BLOCK_K CHUNK SPLITS "
+                                 "SPLITS_P2 HAS_BIAS WIDEN", K=4096, X_GROUPS=1 if per_token else 4096 // bk,
+                                 BN_SCALE=bn, BK_SCALE=bk, X_PER_TOKEN=per_token, BLOCK_M=16 if split else tile_m,
+                                 BLOCK_N=split_n if split else tile_n, BLOCK_K=step, CHUNK=chunk,
+                                 SPLITS=4096 // chunk, SPLITS_P2=4096 // chunk, HAS_BIAS=True, WIDEN=False)
+        out.append((f"fp8_block_gemm {'split' if split else 'tiled'} block={bn}x{bk} per_token_x={per_token}",
+                    fp8_gemm._fp8_block_gemm_kernel,
                     {"x_ptr": "*fp8e4nv", "sx_ptr": "*fp32", "w_ptr": "*fp8e4nv", "sw_ptr": "*fp32", "b_ptr": "*bf16",
-                     "out_ptr": "*bf16", "m": "i32", "n": "i32", "stride_sw": "i32", **sig}, consts, 4))
+                     "ws_ptr": "*fp32", "cnt_ptr": "*i32", "out_ptr": "*bf16", "m": "i32", "n": "i32",
+                     "stride_sw": "i32", **sig}, consts, split_warps if split else tile_warps))
     # A greedy step's argmax over the llama3 vocabulary (128,256 columns), and over a short row (slices of 2 columns).
     for x, slice_len in (("*bf16", 1024), ("*fp32", 1024), ("*fp16", 2)):
         sig, consts = constexprs("SLICE PROGRAMS BLOCK PDL", SLICE=slice_len, PROGRAMS=128, BLOCK=slice_len, PDL=True)

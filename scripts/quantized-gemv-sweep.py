@@ -6,8 +6,11 @@ copy bandwidth (weight, zero-point and scale bytes read).
                                            [--deadline-s 300] [--gemm-rows M]
     TRITON_INTERPRET=1 python scripts/quantized-gemv-sweep.py --check   (CPU: every variant against its reference)
 
-`--gemm-rows M` times `packed_gemm` instead (steps of M rows, GPTQ int4 in groups of 128 in order) under the
-launch policy's `packed_gemm_tile` variants, each against the exact product.
+`--gemm-rows M` times the products of M rows instead, each against the exact product: with `--formats gptq`,
+`packed_gemm` (GPTQ int4 in groups of 128 in order) under the tiles of the launch policy's `packed_gemm_tiles`; with
+`--formats fp8`, the W8A8 GEMM `fp8_block_gemm` over 128 x 128 block scales under its split tiles (M up to
+FP8_GEMM_SPLIT_MAX_ROWS) and its tiled ones, and `torch._scaled_mm` over per-feature scales (x quantized beforehand,
+as W8A8 does once per step).
 
 Variants: fp8 — `fp8_gemv` over per-feature (quantized at load) and 128 x 128 block scales with the policy's
 `fp8_gemv` tile, the x rounding W8A8 runs before it (`fp8_round`); AWQ — `awq_gemv` on AWQ's own layout, split along
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -31,7 +35,8 @@ from collections.abc import Callable
 import torch
 
 from governor.engine.models.quantization import pack_int32, unpack_awq
-from governor.kernels.fp8_quant import fp8_round
+from governor.kernels.fp8_gemm import FP8_GEMM_SPLIT_MAX_ROWS, fp8_block_gemm, fp8_block_gemm_ref
+from governor.kernels.fp8_quant import fp8_quantize, fp8_round
 from governor.kernels.gemv import fp8_gemv, fp8_gemv_ref, gemv
 from governor.kernels.launch_policy import GemvConfig, LaunchPolicy, policy_for
 from governor.kernels.packed_gemm import packed_gemm
@@ -163,7 +168,7 @@ def run_format(fmt: str, shapes: dict[str, tuple[int, int]], check: bool, copy: 
     return rows
 
 
-GEMM_TILES = [(64, 1024, 4), (64, 512, 4), (128, 512, 4), (128, 512, 8), (128, 256, 4), (32, 512, 2)]
+GEMM_TILES = [(64, 1024, 4), (128, 512, 4), (128, 1024, 8), (256, 512, 8), (256, 1024, 8), (64, 512, 4)]
 
 
 def run_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: float, stop_at: float) -> list[dict]:
@@ -187,7 +192,7 @@ def run_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: f
             if time.monotonic() > stop_at:
                 print("deadline reached", flush=True)
                 return out
-            policy = dataclasses.replace(base, packed_gemm_tile=tile)
+            policy = dataclasses.replace(base, packed_gemm_tiles=((rows, tile),))
 
             def call(i: int, p: LaunchPolicy = policy, x: torch.Tensor = x,
                      sets: list[tuple[torch.Tensor, ...]] = sets) -> torch.Tensor:
@@ -201,6 +206,72 @@ def run_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: f
             out.append(r)
             print(f"{name:8} {rows} rows tile {tile}: " + (f"{r['us']:7.1f} us " if "us" in r else "")
                   + f"err {err:.3g} of {r['max_abs_want']:.3g}", flush=True)
+    return out
+
+
+FP8_SPLIT_TILES = [(64, 1024, 4, 1), (64, 1024, 4, 3), (64, 512, 4, 3), (128, 1024, 4, 3)]
+FP8_TILES = [(16, 64, 4, 3), (32, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3)]
+
+
+def run_fp8_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: float,
+                 stop_at: float) -> list[dict]:
+    """`fp8_block_gemm` on `rows` rows per product over 128 x 128 block scales (x in 1 x 128 groups): its split
+    launch's tiles (up to FP8_GEMM_SPLIT_MAX_ROWS rows) and its tiled launch's; and `torch._scaled_mm` over
+    per-feature scales (x per token), what such layers run; each against the exact product of the codes, its
+    microseconds and fraction of the copy (of the block-scaled weight's bytes)."""
+    from governor.engine.bench.latency import graph_us_per_call
+    device = torch.device("cpu" if check else "cuda")
+    base = policy_for(device)
+    policies = [(f"tiled {tile}", dataclasses.replace(base, fp8_gemm_split_max_rows=0, fp8_gemm_tile=tile))
+                for tile in FP8_TILES[:2 if check else None]]
+    if rows <= FP8_GEMM_SPLIT_MAX_ROWS:
+        policies = [(f"split {tile}", dataclasses.replace(base, fp8_gemm_split_max_rows=rows, fp8_gemm_split_tile=tile))
+                    for tile in FP8_SPLIT_TILES[:2 if check else None]] + policies
+    out: list[dict] = []
+    for name, (n, k) in shapes.items():
+        gen = torch.Generator().manual_seed(n + k + rows)
+        layouts = operands("fp8", n, k, gen)
+        x = torch.randn(rows, k, generator=gen).to(device, torch.float32 if check else torch.bfloat16)
+        block_codes, block_scales = layouts["block"]
+        nbytes = block_codes.numel() + block_scales.numel() * 4
+        copies = 1 if check else max(1, -(-L2_SPAN // nbytes))
+        for layout, (codes, w_scales) in layouts.items():
+            if layout == "row" and check:
+                continue
+            block, group = ((1, k), 0) if layout == "row" else ((128, 128), 128)
+            sets = [(codes.to(device), w_scales.to(device)) for _ in range(copies)]
+            x_codes, x_scales = fp8_quantize(x, group)
+            want = fp8_block_gemm_ref(x_codes.cpu(), x_scales.cpu(), group, codes, w_scales, block, None,
+                                      torch.float32).to(device)
+
+            def gemm(i: int, policy: LaunchPolicy, group: int = group,
+                     xq: tuple[torch.Tensor, torch.Tensor] = (x_codes, x_scales),
+                     sets: list[tuple[torch.Tensor, torch.Tensor]] = sets) -> torch.Tensor:
+                w, w_scales = sets[i % len(sets)]
+                return fp8_block_gemm(*xq, group, w, w_scales, (128, 128), None,
+                                      torch.float32 if check else torch.bfloat16, policy=policy)
+
+            def scaled_mm(i: int, xq: tuple[torch.Tensor, torch.Tensor] = (x_codes, x_scales),
+                          sets: list[tuple[torch.Tensor, torch.Tensor]] = sets) -> torch.Tensor:
+                w, w_scales = sets[i % len(sets)]
+                return torch._scaled_mm(xq[0], w.t(), scale_a=xq[1], scale_b=w_scales.view(1, -1),
+                                        out_dtype=torch.bfloat16)
+            cases: list[tuple[str, Callable[[int], torch.Tensor]]] = (
+                [("torch._scaled_mm", scaled_mm)] if layout == "row" else
+                [(label, functools.partial(gemm, policy=policy)) for label, policy in policies])
+            for label, call in cases:
+                if time.monotonic() > stop_at:
+                    print("deadline reached", flush=True)
+                    return out
+                err = (call(0).float() - want).abs().max().item()
+                r: dict = {"format": "fp8", "rows": rows, "gemm": name, "layout": layout, "variant": label,
+                           "max_abs_err": err, "max_abs_want": want.abs().max().item()}
+                if not check:
+                    us = graph_us_per_call(call, copies)
+                    r |= {"us": round(us, 2), "fraction_of_copy": round(nbytes / (us * 1e-6) / 1e9 / copy, 3)}
+                out.append(r)
+                print(f"{name:8} {rows} rows {layout:5} {label:26} " + (f"{r['us']:7.1f} us " if "us" in r else "")
+                      + f"err {err:.3g} of {r['max_abs_want']:.3g}", flush=True)
     return out
 
 
@@ -224,8 +295,11 @@ def main() -> None:
         copy = hbm_bandwidth_gb_per_s()
         print(f"copy {copy:.0f} GB/s", flush=True)
     rows: list[dict] = []
-    if a.gemm_rows:
-        rows = run_rows(a.gemm_rows, {"a": (64, 512), "b": (136, 1024)} if a.check else shapes, a.check, copy, stop_at)
+    gemm_shapes = {"a": (64, 512), "b": (136, 1024)} if a.check else shapes
+    if a.gemm_rows and "gptq" in a.formats.split(","):
+        rows = run_rows(a.gemm_rows, gemm_shapes, a.check, copy, stop_at)
+    if a.gemm_rows and "fp8" in a.formats.split(","):
+        rows += run_fp8_rows(a.gemm_rows, gemm_shapes, a.check, copy, stop_at)
     for fmt in [] if a.gemm_rows else a.formats.split(","):
         rows += run_format(fmt, shapes, a.check, copy, stop_at)
     if a.output_json:

@@ -7,14 +7,17 @@ each midpoint, besides random rows over eleven decades; the oracle is `torch.Ten
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import governor.engine.models.quantization as quantization
 from governor.engine.models.model_config import WeightQuantization
 from governor.engine.models.quantization import QuantizedLinear
-from governor.kernels.elementwise import INTERPRET, add_rms_norm, silu_mul, silu_mul_ref
-from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_ref, fp8_block_k_step
+from governor.kernels import fp8_gemm as fp8_gemm_module
+from governor.kernels.elementwise import INTERPRET, add_rms_norm, silu_mul, silu_mul_ref, triton_usable
+from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_ref, fp8_block_k_step, fp8_gemm_splits_k
 from governor.kernels.fp8_quant import (
     add_rms_norm_fp8,
     fp8_quantize,
@@ -25,6 +28,7 @@ from governor.kernels.fp8_quant import (
 )
 from governor.kernels.launch_policy import LaunchPolicy
 from tests.conftest import DEVICE, count_calls, needs_triton
+from tests.test_kernels_paged_attention import LaunchSpy
 
 FINITE = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 ... 448, every code
 
@@ -171,23 +175,29 @@ def w8a8_product(x: torch.Tensor, layer: QuantizedLinear) -> torch.Tensor:
     return (codes_x * scale_x.double()) @ (layer.weight.double() * layer.weight_scale_inv.double()).t()
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("route", ["reference", "fused", "fused-beyond-the-split-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_several_rows_multiply_the_codes_in_scaled_mm_and_one_row_the_rounded_values(monkeypatch, fused: bool,
-                                                                                    dtype: torch.dtype) -> None:
-    """Several rows take torch._scaled_mm; one row the fp8 GEMV (fused path) or the reference matmul, on the values
-    the codes stand for in float32. All give the float64 W8A8 product up to float32 sums and one rounding to the
-    model's dtype, so a token's result does not depend on its step's size: in bf16 one row and several differ by at
-    most one bf16 step (the sums' order decides a rounding now and then)."""
-    calls = count_calls(monkeypatch, torch, "_scaled_mm")
+def test_several_rows_multiply_the_codes_and_one_row_the_rounded_values(monkeypatch, route: str,
+                                                                         dtype: torch.dtype) -> None:
+    """Several rows multiply the codes: on the fused path in `fp8_block_gemm`'s split launch up to the policy's
+    `fp8_gemm_split_max_rows`, in torch._scaled_mm beyond them and on the reference path; one row takes the fp8 GEMV
+    (fused path) or the reference matmul, on the values the codes stand for in float32. All give the float64 W8A8
+    product up to float32 sums and one rounding to the model's dtype, so a token's result does not depend on its
+    step's size: in bf16 one row and several differ by at most one bf16 step (the sums' order decides a rounding now
+    and then)."""
+    mm = count_calls(monkeypatch, torch, "_scaled_mm")
+    gemm_calls = count_calls(monkeypatch, quantization, "fp8_block_gemm")
     layer, _ = online_fp8_layer(48, 96, seed=1)
-    kernels = LaunchPolicy() if fused else None
+    few_rows = dataclasses.replace(LaunchPolicy(), fp8_gemm_split_max_rows=4)
+    kernels = {"reference": None, "fused": LaunchPolicy(), "fused-beyond-the-split-rows": few_rows}[route]
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(2)).to(dtype)
     bias = torch.randn(48, generator=torch.Generator().manual_seed(3)).to(dtype)
     many = layer(x, bias, kernels)
-    assert calls["_scaled_mm"] == 1 and many.dtype == dtype
+    gemm = int(route == "fused" and bool(triton_usable(x)))
+    assert (gemm_calls["fp8_block_gemm"], mm["_scaled_mm"]) == (gemm, 1 - gemm) and many.dtype == dtype
     one = torch.cat([layer(x[i:i + 1], bias, kernels) for i in range(5)])
-    assert calls["_scaled_mm"] == 1 and one.dtype == dtype  # one-row steps do not
+    assert (gemm_calls["fp8_block_gemm"], mm["_scaled_mm"]) == (gemm, 1 - gemm)  # one-row steps take neither
+    assert one.dtype == dtype
     want = w8a8_product(x, layer) + bias.double()
     tol = 1e-5 if dtype == torch.float32 else 2**-8  # bf16: one rounding of the output
     torch.testing.assert_close(many.double(), want, rtol=tol, atol=tol)
@@ -257,6 +267,36 @@ def test_the_block_scaled_w8a8_gemm_is_the_product_of_both_sides_codes_and_scale
 
 
 @needs_triton
+@pytest.mark.parametrize(("rows", "block", "group"), [(6, (32, 64), 64), (6, (1, 320), 0), (70, (32, 64), 64),
+                                                     (70, (1, 320), 0)],
+                         ids=["split-blocks", "split-per-feature", "tiled-blocks", "tiled-per-feature"])
+def test_the_w8a8_gemm_splits_k_for_a_few_rows_and_tiles_the_rows_beyond(monkeypatch: pytest.MonkeyPatch, rows: int,
+                                                                         block: tuple[int, int], group: int) -> None:
+    """Up to the policy's fp8_gemm_split_max_rows rows one program holds every row and K is split in chunks (their
+    partial sums meet in the split epilogue); more rows are tiled, each program over all of K. Small tiles make
+    several of each here (the policy's split rows are the default): K 320 in chunks of 128 (three splits, half the
+    last one masked), 70 rows in tiles of 16."""
+    spy = LaunchSpy(fp8_gemm_module._fp8_block_gemm_kernel)
+    monkeypatch.setattr(fp8_gemm_module, "_fp8_block_gemm_kernel", spy)
+    policy = dataclasses.replace(LaunchPolicy(), fp8_gemm_split_tile=(32, 128, 4, 1), fp8_gemm_tile=(16, 32, 4, 2))
+    n, k = 80, 320
+    gen = torch.Generator().manual_seed(rows + block[0])
+    codes = (torch.randn(n, k, generator=gen) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w_scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=gen) / 100 + 1e-3
+    x = random_rows(rows, k, torch.float32, seed=rows)
+    bias = torch.randn(n, generator=gen)
+    x_codes, x_scales = fp8_quantize(x.to(DEVICE), group)
+    for _ in range(2):  # the split's counters are reset for the next launch
+        got = fp8_block_gemm(x_codes, x_scales, group, codes.to(DEVICE), w_scales.to(DEVICE), block, bias.to(DEVICE),
+                             torch.float32, policy=policy).cpu()
+        want = block_product(x, group, codes, w_scales, block, bias)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+    split = fp8_gemm_splits_k(rows, policy)
+    assert [(launch["SPLITS"], launch["BLOCK_M"], launch["CHUNK"]) for launch in spy.launches] == \
+        [(3, 16, 128) if split else (1, 16, 320)] * 2
+
+
+@needs_triton
 def test_the_block_gemm_takes_only_blocks_a_k_step_divides() -> None:
     # tl.dot takes e4m3 in K steps of 32 or more on a GPU; the interpreter's widened dot, 16.
     assert fp8_block_k_step(128) == 128 and fp8_block_k_step(24) == 0
@@ -306,7 +346,7 @@ def test_gpu_kernel_codes_and_the_scaled_mm_product() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("rows", [8, 512])
+@pytest.mark.parametrize("rows", [8, 48, 512])
 def test_gpu_block_gemm_at_a_real_shape_is_the_product_of_both_sides(rows: int) -> None:
     """The qkv shape of llama3-8b in 128 x 128 blocks (the tensor cores' e4m3 dot), against the float64 product."""
     n, k, block = 6144, 4096, (128, 128)

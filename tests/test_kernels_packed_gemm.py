@@ -69,7 +69,7 @@ def test_codes_in_groups_in_order_match_the_exact_product(monkeypatch: pytest.Mo
     args, weight = _grouped_in_order(bits, n, k, group, zeros_as_stored, seed=60)
     x = seeded_randn(rows, k, dtype=dtype, seed=61)
     bias = seeded_randn(n, dtype=dtype, seed=62)
-    policy = dataclasses.replace(policy_for(x.device), packed_gemm_tile=(64, 512, 4))
+    policy = dataclasses.replace(policy_for(x.device), packed_gemm_tiles=((PACKED_GEMM_MAX_ROWS, (64, 512, 4)),))
     spy = LaunchSpy(packed_gemm_module._packed_gemm_split_kernel)
     monkeypatch.setattr(packed_gemm_module, "_packed_gemm_split_kernel", spy)
     got = packed_gemm(x, *args, bits, group, bias, zeros_minus_one=not zeros_as_stored, policy=policy)
@@ -106,7 +106,7 @@ def test_what_the_kernel_does_not_take_is_refused_with_a_clear_message() -> None
                                   128, 4, True)  # more: the dense weight's
     assert not packed_gemm_usable(two_rows, qweight, 128, 4, False)  # act order
     assert not packed_gemm_usable(two_rows, qweight, 96, 4, True)
-    with pytest.raises(ValueError, match="needs 2 to 16 contiguous rows"):
+    with pytest.raises(ValueError, match=f"needs 2 to {PACKED_GEMM_MAX_ROWS} contiguous rows"):
         packed_gemm(one_row, qweight, zeros, scales, 4, 128)
     with pytest.raises(ValueError, match="x has 256 columns for a weight of 128 inputs and 16 outputs"):
         packed_gemm(seeded_randn(2, 256, dtype=torch.float32, seed=49), qweight, zeros, scales, 4, 128)

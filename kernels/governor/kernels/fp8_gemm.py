@@ -1,15 +1,24 @@
-"""W8A8 products of several rows over block-scaled fp8 weights: out = (x codes · x scales) @ (w codes · w scales).T
-(+ bias), both sides e4m3 (DeepSeek's and Qwen3-FP8's layout: a float32 scale per (BN_SCALE, BK_SCALE) block of the
-weight, and per 1 × BK_SCALE group of a token's features, or per token, on x's side: `fp8_quant.fp8_quantize`).
+"""W8A8 products of several rows over fp8 weights: out = (x codes · x scales) @ (w codes · w scales).T (+ bias), both
+sides e4m3, the weight's scales per (BN_SCALE, BK_SCALE) block: DeepSeek's and Qwen3-FP8's 128 x 128 blocks, or one
+scale per output feature (block (1, K): fp8 quantized at load, compressed-tensors' per-channel fp8). x's scales are per
+1 × BK_SCALE group of a token's features, or per token (`fp8_quant.fp8_quantize`).
 
-Per-row weight scales need no kernel of their own (`torch._scaled_mm` takes a scale per row of each side); block
-scales change along K, so each program sums a K step's codes in one `tl.dot` (e4m3 inputs, fp32 accumulator: the
-tensor cores' fp8 path on sm_90) and scales the partial sum by its row's and column's scales before adding it: every
-K step lies in one scale block (the step divides BK_SCALE). The products of codes are exact, the sums fp32, the
-result rounded once to the output dtype (on sm_90, Triton may let an e4m3 dot sum part of a K step at the tensor
-cores' reduced precision, as cuBLAS's fast-accumulation mode does: its `max_num_imprecise_acc` default, left as is
-and not yet measured). Under the interpreter, whose dot takes no fp8, the codes are widened to fp32 first (exactly).
-The tile is a first choice, not yet measured on a GPU.
+Each program sums a K step's codes in one `tl.dot` (e4m3 inputs, fp32 accumulator: the tensor cores' fp8 path on
+sm_90) and scales the partial sum by its row's and column's scales before adding it: every K step lies in one scale
+block (the step divides BK_SCALE); where one block spans all of K (a scale per output feature) the sums are scaled
+once, at the end. The products of codes are exact, the sums fp32, the result rounded once to the output dtype (on
+sm_90, Triton may let an e4m3 dot sum part of a K step at the tensor cores' reduced precision, as cuBLAS's
+fast-accumulation mode does: its `max_num_imprecise_acc` default, left as is). Under the interpreter, whose dot takes
+no fp8, the codes are widened to fp32 first (exactly).
+
+Two launches of the one kernel (`fp8_block_gemm`):
+- decode steps (up to the policy's `fp8_gemm_split_max_rows` rows, at most FP8_GEMM_SPLIT_MAX_ROWS: decode
+  batches, speculative verification) stream the weight as the one-row GEMVs do: one program holds every row, a
+  block of output features and a chunk of K, and the chunks' partial sums meet in the split GEMV's epilogue
+  (`packed_gemv._split_k_finish`), so that the weight is read once and the grid fills the GPU whatever the batch;
+  the policy's `fp8_gemm_split_tile`;
+- longer steps (prefill chunks) tile the rows too, each program over all of K, the loads pipelined:
+  `fp8_gemm_tile`.
 """
 
 from __future__ import annotations
@@ -19,9 +28,11 @@ import triton
 import triton.language as tl
 
 from governor.kernels.elementwise import INTERPRET, triton_usable
-from governor.kernels.packed_gemm import program_tile, rows_tile, store_rows
+from governor.kernels.launch_policy import LaunchPolicy, policy_for
+from governor.kernels.packed_gemv import _split_counters, _split_k_finish
 
-_BLOCK_M, _BLOCK_N, _BLOCK_K_MAX = 16, 64, 128
+_BLOCK_K_MAX = 128
+FP8_GEMM_SPLIT_MAX_ROWS = 64  # the most rows the split launch takes (one program holds them all)
 
 
 def fp8_block_gemm_ref(codes: torch.Tensor, x_scales: torch.Tensor, x_group: int, w: torch.Tensor,
@@ -53,39 +64,74 @@ def fp8_block_gemm_usable(x: torch.Tensor, w: torch.Tensor, block: tuple[int, in
             and w.is_contiguous() and fp8_block_k_step(block[1]) > 0 and x_group in (0, block[1]))
 
 
+def fp8_gemm_splits_k(rows: int, policy: LaunchPolicy) -> bool:
+    """Whether a step of `rows` rows takes the split launch under `policy`."""
+    return rows <= min(policy.fp8_gemm_split_max_rows, FP8_GEMM_SPLIT_MAX_ROWS)
+
+
+def fp8_gemm_split_chunk(k: int, step: int, max_chunk: int) -> int:
+    """The chunk of K a program of the split launch takes: the step doubled while it stays within `max_chunk` and
+    below K (the last chunk may be partial: its steps are masked)."""
+    chunk = step
+    while chunk * 2 <= max_chunk and chunk * 2 <= k:
+        chunk *= 2
+    return chunk
+
+
 @triton.jit
-def _fp8_block_gemm_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, b_ptr, out_ptr, m, n, stride_sw, K: tl.constexpr,
-                           X_GROUPS: tl.constexpr, BN_SCALE: tl.constexpr, BK_SCALE: tl.constexpr,
+def _fp8_block_gemm_kernel(x_ptr, sx_ptr, w_ptr, sw_ptr, b_ptr, ws_ptr, cnt_ptr, out_ptr, m, n, stride_sw,
+                           K: tl.constexpr, X_GROUPS: tl.constexpr, BN_SCALE: tl.constexpr, BK_SCALE: tl.constexpr,
                            X_PER_TOKEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, WIDEN: tl.constexpr):
-    # Program: BLOCK_M rows by BLOCK_N output features; per K step, a dot of the codes scaled by the step's scales.
-    rows, cols, row_mask, n_mask = program_tile(m, n, BLOCK_M, BLOCK_N)
+                           BLOCK_K: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, WIDEN: tl.constexpr):
+    # Program (i, j, r): output features i * BLOCK_N.., input features j * CHUNK.. in K steps of BLOCK_K, rows
+    # r * BLOCK_M.. (the split launch has one row block, the unsplit one a single chunk: SPLITS == 1).
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask, n_mask = rows < m, cols < n
+    k_first = tl.program_id(1) * CHUNK
+    ONE_SCALE: tl.constexpr = BK_SCALE >= K  # one scale a row and one a column for all of K: applied at the end
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k_step in range(0, CHUNK, BLOCK_K):
+        k0 = k_first + k_step
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        a = rows_tile(x_ptr, rows, ks, K, row_mask, k_mask)
+        a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :],
+                    other=0.0)
         b = tl.load(w_ptr + cols.to(tl.int64)[None, :] * K + ks[:, None], mask=k_mask[:, None] & n_mask[None, :],
                     other=0.0)  # [BLOCK_K, BLOCK_N]: w's rows as columns
         if WIDEN:  # noqa: SIM108 (a constexpr branch: one of the two is compiled)
             part = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
         else:
             part = tl.dot(a, b)
-        g = k0 // BK_SCALE
-        if X_PER_TOKEN:
-            sa = tl.load(sx_ptr + rows * X_GROUPS, mask=row_mask, other=0.0)
+        if ONE_SCALE:
+            acc += part
         else:
-            sa = tl.load(sx_ptr + rows * X_GROUPS + g, mask=row_mask, other=0.0)
-        sb = tl.load(sw_ptr + (cols // BN_SCALE) * stride_sw + g, mask=n_mask, other=0.0)
-        acc += part * sa[:, None] * sb[None, :]
-    store_rows(out_ptr, acc, b_ptr, rows, cols, n, row_mask, n_mask, HAS_BIAS)
+            g = k0 // BK_SCALE
+            if X_PER_TOKEN:
+                sa = tl.load(sx_ptr + rows * X_GROUPS, mask=row_mask, other=0.0)
+            else:
+                sa = tl.load(sx_ptr + rows * X_GROUPS + g, mask=row_mask, other=0.0)
+            sb = tl.load(sw_ptr + (cols // BN_SCALE) * stride_sw + g, mask=n_mask, other=0.0)
+            acc += part * sa[:, None] * sb[None, :]
+    if ONE_SCALE:
+        sa = tl.load(sx_ptr + rows * X_GROUPS, mask=row_mask, other=0.0)
+        sb = tl.load(sw_ptr + (cols // BN_SCALE) * stride_sw, mask=n_mask, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
+    offs = tl.reshape(rows.to(tl.int64)[:, None] * n + cols[None, :], [BLOCK_M * BLOCK_N])
+    bias_offs = tl.reshape(tl.broadcast_to(cols[None, :], [BLOCK_M, BLOCK_N]), [BLOCK_M * BLOCK_N])
+    mask = tl.reshape(row_mask[:, None] & n_mask[None, :], [BLOCK_M * BLOCK_N])
+    _split_k_finish(tl.reshape(acc, [BLOCK_M * BLOCK_N]), ws_ptr, cnt_ptr, out_ptr, b_ptr, offs, mask, m * n, SPLITS,
+                    SPLITS_P2, HAS_BIAS, bias_offs)
 
 
 def fp8_block_gemm(codes: torch.Tensor, x_scales: torch.Tensor, x_group: int, w: torch.Tensor, w_scales: torch.Tensor,
-                   block: tuple[int, int], bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+                   block: tuple[int, int], bias: torch.Tensor | None, dtype: torch.dtype, *,
+                   policy: LaunchPolicy | None = None) -> torch.Tensor:
     """`fp8_block_gemm_ref` in one Triton kernel: codes [M, K] e4m3 with x_scales [M, groups] (`x_group` 0: one per
-    token; else the weight's block width), w [N, K] e4m3 with w_scales [ceil(N / bn), ceil(K / bk)]; [M, N] in
-    `dtype`."""
+    token; else the weight's block width), w [N, K] e4m3 with w_scales [ceil(N / bn), ceil(K / bk)] (a scale per
+    output feature: block (1, K), w_scales [N, 1]); [M, N] in `dtype`. The launch takes the policy's tiles (`policy`,
+    None: the device's)."""
     if not (fp8_block_gemm_usable(codes, w, block, x_group) and codes.dtype == torch.float8_e4m3fn
             and codes.is_contiguous()):
         raise ValueError(f"fp8_block_gemm: needs contiguous e4m3 codes [M, K] on a Triton device and an e4m3 w, blocks "
@@ -98,11 +144,22 @@ def fp8_block_gemm(codes: torch.Tensor, x_scales: torch.Tensor, x_group: int, w:
         raise ValueError(f"fp8_block_gemm: shapes disagree: codes {tuple(codes.shape)}, x_scales "
                          f"{tuple(x_scales.shape)}, w {tuple(w.shape)}, w_scales {tuple(w_scales.shape)}, "
                          f"block {block}")
+    policy = policy or policy_for(codes.device)
+    step = fp8_block_k_step(bk)
+    if fp8_gemm_splits_k(m, policy):
+        block_n, max_chunk, warps, stages = policy.fp8_gemm_split_tile
+        block_m, chunk = max(16, triton.next_power_of_2(m)), fp8_gemm_split_chunk(k, step, max_chunk)
+    else:
+        block_m, block_n, warps, stages = policy.fp8_gemm_tile
+        chunk = triton.cdiv(k, step) * step
+    splits, blocks = triton.cdiv(k, chunk), triton.cdiv(n, block_n)
     out = torch.empty(m, n, dtype=dtype, device=codes.device)
-    grid = (triton.cdiv(m, _BLOCK_M), triton.cdiv(n, _BLOCK_N))
-    _fp8_block_gemm_kernel[grid](
-        codes, x_scales, w, w_scales, bias if bias is not None else out, out, m, n, w_scales.stride(0), K=k,
-        X_GROUPS=x_scales.shape[1], BN_SCALE=bn, BK_SCALE=bk, X_PER_TOKEN=x_group == 0, BLOCK_M=_BLOCK_M,
-        BLOCK_N=_BLOCK_N, BLOCK_K=fp8_block_k_step(bk), HAS_BIAS=bias is not None, WIDEN=INTERPRET, num_warps=4,
+    ws = torch.empty(splits if splits > 1 else 0, m * n, dtype=torch.float32, device=codes.device)
+    _fp8_block_gemm_kernel[(blocks, splits, triton.cdiv(m, block_m))](
+        codes, x_scales, w, w_scales, bias if bias is not None else out, ws, _split_counters(codes.device, blocks), out,
+        m, n, w_scales.stride(0), K=k, X_GROUPS=x_scales.shape[1], BN_SCALE=bn, BK_SCALE=bk,
+        X_PER_TOKEN=x_group == 0, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=step, CHUNK=chunk, SPLITS=splits,
+        SPLITS_P2=triton.next_power_of_2(splits), HAS_BIAS=bias is not None, WIDEN=INTERPRET, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     return out

@@ -125,12 +125,26 @@ class LaunchPolicy:
     # on the 256 x 256 tile: 0.2 us a product, so left on until an end-to-end run says otherwise. Not measured on the
     # 256 x 128 tile.
     packed_split_pdl: bool = True
-    # Steps of 2 to 16 rows over AWQ's and GPTQ's codes in groups in order (`packed_gemm._packed_gemm_split_kernel`:
-    # decode batches, verification steps): output features a program takes, most input features (chunk) and warps.
-    # Over a llama3-8b int4 layer at 8 rows on an H200, 64 x 1,024 on 4 warps was best (175 us) of 64/128 columns,
-    # chunks of 512/1,024 and 4/8 warps; 32 columns, 2 warps, chunks of 256 and the chunk's loop pipelined in 3
-    # stages were slower (`scripts/quantized-gemv-sweep.py --gemm-rows 8`, docs/performance/quantized-weights.md).
-    packed_gemm_tile: tuple[int, int, int] = (64, 1024, 4)
+    # Steps of 2 to PACKED_GEMM_MAX_ROWS rows over AWQ's and GPTQ's codes in groups in order
+    # (`packed_gemm._packed_gemm_split_kernel`: decode batches, verification steps): per most rows a step has, the
+    # output features a program takes, most input features (chunk) and warps. Over a llama3-8b int4 layer on an
+    # H200 (`scripts/quantized-gemv-sweep.py --gemm-rows M`, docs/performance/quantized-weights.md): at 8 rows 64 x
+    # 1,024 on 4 warps was best (175 us) of 64/128 columns, chunks of 512/1,024 and 4/8 warps; at 16 rows 128 x 512
+    # on 4 warps (161 us; 64 x 1,024: 238); at 32 rows 256 x 1,024 on 8 warps (328 us; 64 x 1,024: 668).
+    packed_gemm_tiles: tuple[tuple[int, tuple[int, int, int]], ...] = (
+        (8, (64, 1024, 4)), (16, (128, 512, 4)), (32, (256, 1024, 8)))
+    # W8A8 products of several rows (`fp8_gemm._fp8_block_gemm_kernel`). Steps of up to fp8_gemm_split_max_rows rows
+    # (decode batches, verification steps) split K, over block-scaled and per-feature weight scales alike: output
+    # features a program takes, most input features (chunk), warps and pipeline stages. Per llama3-8b layer on an
+    # H200, 128 x 128 blocks (`scripts/quantized-gemv-sweep.py --formats fp8 --gemm-rows M`): 93.8 us at 8 rows and
+    # 114.5 at 32 on this tile (1 stage: 133.9 and 163.3; torch._scaled_mm over per-feature scales 118.8 and 118.3;
+    # the tiled launch at best 123.3 and 136.0); at 64 rows the tiled launch wins (150.4 against 183.6).
+    fp8_gemm_split_max_rows: int = 32
+    fp8_gemm_split_tile: tuple[int, int, int, int] = (64, 1024, 4, 3)
+    # Longer steps over block-scaled weights (prefill chunks; per-feature ones take torch._scaled_mm, faster there),
+    # each program over all of K: rows, output features, warps and pipeline stages. 150.4 us a layer at 64 rows and
+    # 405.8 at 512 (128 x 128 on 8 warps: 206.4 and 397.6; 16 x 64 on 4 warps, the tile before: 185.0 and 1,301).
+    fp8_gemm_tile: tuple[int, int, int, int] = (64, 128, 4, 3)
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.
     # Whether they launch under programmatic dependent launch where the GPU has it (`elementwise.chain_pdl`): each

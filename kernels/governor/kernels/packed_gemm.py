@@ -5,9 +5,10 @@ Decode batches (and speculative verification steps) of a few rows stream the wei
 `packed_gemm` reads each packed word once per step and multiplies the codes, minus their zero points, exact in the
 activation dtype, by all the step's rows at once on the tensor cores (`_packed_gemm_split_kernel`, K split over the
 programs as `packed_gemv`'s split GEMV splits it). It takes codes in GPTQ's layout (AWQ's are repacked into it at
-load) whose groups are consecutive inputs in order, for steps of up to PACKED_GEMM_MAX_ROWS rows: on an H200, a
-llama3-8b GPTQ int4 step of 16 rows took 8.5 ms this way against 13.2 through the dense weight below, one of 24
-rows 14.7 against 13.5 (docs/performance/quantized-weights.md).
+load) whose groups are consecutive inputs in order, for steps of up to PACKED_GEMM_MAX_ROWS rows, on a tile that
+depends on the step's rows (the launch policy's `packed_gemm_tiles`): on an H200 a llama3-8b GPTQ int4 step of 16
+rows took 6.1 ms this way against 13.2 through the dense weight below, one of 32 rows 11.7 against 13.5
+(docs/performance/quantized-weights.md).
 
 Other steps of several rows (prefill chunks, larger batches, act-order groups) multiply a dense weight with cuBLAS:
 `packed_dequantize` writes the weight in the activation dtype in one pass over the packed tensors, [K, N], whose
@@ -33,7 +34,7 @@ from governor.kernels.elementwise import INTERPRET, round_to, triton_usable
 from governor.kernels.launch_policy import LaunchPolicy, policy_for
 from governor.kernels.packed_gemv import _split_counters, _split_k_finish, packed_codes, packed_zeros
 
-PACKED_GEMM_MAX_ROWS = 16  # the most rows of a step `packed_gemm` takes (see above)
+PACKED_GEMM_MAX_ROWS = 32  # the most rows of a step `packed_gemm` takes (see above)
 
 
 def packed_gemm_usable(x: torch.Tensor, qweight: torch.Tensor, group_size: int, bits: int, in_order: bool) -> bool:
@@ -43,31 +44,6 @@ def packed_gemm_usable(x: torch.Tensor, qweight: torch.Tensor, group_size: int, 
     return (x.dim() == 2 and 1 < x.shape[0] <= PACKED_GEMM_MAX_ROWS and x.is_contiguous() and triton_usable(x)
             and qweight.dim() == 2 and qweight.dtype == torch.int32 and qweight.is_contiguous() and in_order
             and bits in (4, 8) and packed_gemm_split_shape(x.shape[1], group_size, bits, 0) is not None)
-
-
-@triton.jit
-def program_tile(m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # (rows, cols, row mask, col mask) of this program's [BLOCK_M, BLOCK_N] output tile, programs over (M, N).
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    return rows, cols, rows < m, cols < n
-
-
-@triton.jit
-def rows_tile(x_ptr, rows, ks, K: tl.constexpr, row_mask, k_mask):
-    # x's [BLOCK_M, BLOCK_K] tile of a contiguous [M, K] x, as stored (zero outside the masks).
-    return tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :], mask=row_mask[:, None] & k_mask[None, :],
-                   other=0.0)
-
-
-@triton.jit
-def store_rows(out_ptr, acc, b_ptr, rows, cols, n, row_mask, n_mask, HAS_BIAS: tl.constexpr):
-    # acc (fp32) plus the bias, rounded once to the output's dtype into rows x cols of a contiguous [M, n] out.
-    dtype = out_ptr.dtype.element_ty
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * n + cols[None, :], round_to(acc, dtype).to(dtype),
-             mask=row_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -174,13 +150,19 @@ def packed_gemm_split_shape(k: int, group_size: int, bits: int, max_chunk: int) 
     return step, chunk
 
 
+def packed_gemm_tile(policy: LaunchPolicy, rows: int) -> tuple[int, int, int]:
+    """The policy's `packed_gemm_tiles` entry for a step of `rows` rows: the first whose most rows it reaches (the
+    last beyond them all)."""
+    return next((tile for most, tile in policy.packed_gemm_tiles if rows <= most), policy.packed_gemm_tiles[-1][1])
+
+
 def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, bits: int,
                 group_size: int, bias: torch.Tensor | None = None, *, zeros_minus_one: bool = True,
                 policy: LaunchPolicy | None = None) -> torch.Tensor:
     """x [M, K] times a packed weight in GPTQ's layout (4 or 8 bits; AWQ's repacked into it at load) in groups of
     `group_size` consecutive inputs in order, plus bias; [M, N] in x's dtype (see above). qzeros hold each zero point
     less one (`zeros_minus_one`, GPTQ's checkpoint format v1) or the zero points (AWQ's). The launch takes the policy's
-    `packed_gemm_tile` (`policy`, None: the device's). The caller has checked the tensors' shapes
+    `packed_gemm_tiles` entry for its rows (`policy`, None: the device's). The caller has checked the tensors' shapes
     (`QuantizedLinear`); this checks what the launch relies on."""
     k = qweight.shape[0] * (32 // bits) if qweight.dim() == 2 else 0
     if not packed_gemm_usable(x, qweight, group_size, bits, True):
@@ -195,7 +177,7 @@ def packed_gemm(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sc
     m = x.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     policy = policy or policy_for(x.device)
-    block_n, max_chunk, warps = policy.packed_gemm_tile
+    block_n, max_chunk, warps = packed_gemm_tile(policy, m)
     split = packed_gemm_split_shape(k, group_size, bits, max_chunk)
     assert split is not None  # packed_gemm_usable
     step, chunk = split

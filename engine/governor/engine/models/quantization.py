@@ -42,14 +42,14 @@ fp8 runs W8A8 where the checkpoint quantizes activations (`WeightQuantization.ac
 fp8's dynamic activation scheme, compressed-tensors' dynamic per-token input activations, and fp8 quantized at
 load): on every path, a layer's input is quantized to e4m3 with a dynamic scale per token, or per group of the
 weight's input block (block-scaled fp8), before it meets the weight (kernels/fp8_quant.py). A step of several rows
-with one scale per token and per output feature (fp8 quantized at load, compressed-tensors per channel or per
-tensor) multiplies the codes directly in `torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU);
-one of several rows with block-scaled weights, on the fused path, in `fp8_block_gemm` (kernels/fp8_gemm.py: e4m3
-dots scaled per K block); elsewhere the input becomes the values its codes stand for, in float32 (`fp8_round`),
-times the exact weight (`fp8_gemv`, or the reference matmul in float32). Every path thus sums exact products in
-float32 and rounds once, so a token's result depends on its step's path only through the order of a sum. Under
-tensor parallelism a
-row-parallel layer's token scale is that of the rank's share of the token (each rank quantizes what it holds, with no
+multiplies the codes directly: on the fused path in `fp8_block_gemm` (kernels/fp8_gemm.py: e4m3 dots scaled per
+K block) for block-scaled weights, and for one scale per token and per output feature (fp8 quantized at load,
+compressed-tensors per channel or per tensor) in a step its split launch takes (a decode batch); other steps of
+several rows of those in `torch._scaled_mm` (e4m3 GEMM on sm_89+ GPUs, exact products on a CPU); elsewhere the
+input becomes the values its codes stand for, in float32 (`fp8_round`), times the exact weight (`fp8_gemv`, or
+the reference matmul in float32). Every path thus sums exact products in float32 and rounds once, so a token's
+result depends on its step's path only through the order of a sum. Under tensor parallelism a row-parallel layer's
+token scale is that of the rank's share of the token (each rank quantizes what it holds, with no
 collective), as in vLLM.
 fp8 checkpoints without an activation scheme run weight-only.
 
@@ -76,7 +76,7 @@ from governor.engine.models.checkpoint import LazyTensor, read_share
 from governor.engine.models.make_model import INIT_STD, tensor_generator
 from governor.engine.models.model_config import UnsupportedModelError, WeightQuantization
 from governor.kernels.elementwise import triton_usable
-from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_usable
+from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_usable, fp8_gemm_splits_k
 from governor.kernels.fp8_quant import (
     E4M3_MAX,
     FP8_DTYPE,
@@ -505,21 +505,22 @@ class QuantizedLinear(nn.Module):
 
     def _w8a8(self, x: torch.Tensor, bias: torch.Tensor | None, kernels: LaunchPolicy | None) -> torch.Tensor:
         """x's tokens (or their groups of `activation_group` features) in e4m3 with dynamic scales, times the weight:
-        for several rows, the codes through `torch._scaled_mm` (one scale per token and per output feature) or, on the
-        fused path, `fp8_block_gemm` (block-scaled weights); otherwise the values the codes stand for through the
-        one-row GEMV or the reference path."""
+        for several rows, the codes through `fp8_block_gemm` on the fused path (block-scaled weights, and per-feature
+        ones in a step its split launch takes) or `torch._scaled_mm` (one scale per token and per output feature);
+        otherwise the values the codes stand for through the one-row GEMV or the reference path."""
         assert self.activation_group is not None
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         fused = kernels is not None and triton_usable(flat)  # the Triton quantizer, else the PyTorch reference
-        group = self.activation_group
-        if flat.shape[0] > 1 and group == 0 and not self.blocked and scaled_mm_usable(flat, self.weight):
+        group, rows = self.activation_group, flat.shape[0]
+        if rows > 1 and kernels is not None and fused and (self.blocked or fp8_gemm_splits_k(rows, kernels)) \
+                and fp8_block_gemm_usable(flat, self.weight, self.block_size, group):
+            codes, scales = fp8_quantize(flat, group)
+            y = fp8_block_gemm(codes, scales, group, self.weight, self.weight_scale_inv, self.block_size, bias, x.dtype,
+                               policy=kernels)
+        elif rows > 1 and group == 0 and not self.blocked and scaled_mm_usable(flat, self.weight):
             codes, scales = (fp8_quantize if fused else fp8_quantize_ref)(flat, 0)
             y = torch._scaled_mm(codes, self.weight.t(), scale_a=scales, scale_b=self.weight_scale_inv.view(1, -1),
                                  bias=bias, out_dtype=x.dtype)
-        elif flat.shape[0] > 1 and self.blocked and fused \
-                and fp8_block_gemm_usable(flat, self.weight, self.block_size, group):
-            codes, scales = fp8_quantize(flat, group)
-            y = fp8_block_gemm(codes, scales, group, self.weight, self.weight_scale_inv, self.block_size, bias, x.dtype)
         else:
             # The values the codes stand for, in float32, times the exact weight: what the GEMMs of the codes above
             # compute (exact products, float32 sums, one rounding), so a token's result does not depend on its step.
