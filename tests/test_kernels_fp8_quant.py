@@ -17,7 +17,13 @@ from governor.engine.models.model_config import WeightQuantization
 from governor.engine.models.quantization import QuantizedLinear
 from governor.kernels import fp8_gemm as fp8_gemm_module
 from governor.kernels.elementwise import INTERPRET, add_rms_norm, silu_mul, silu_mul_ref, triton_usable
-from governor.kernels.fp8_gemm import fp8_block_gemm, fp8_block_gemm_ref, fp8_block_k_step, fp8_gemm_splits_k
+from governor.kernels.fp8_gemm import (
+    fp8_block_gemm,
+    fp8_block_gemm_ref,
+    fp8_block_k_step,
+    fp8_gemm_split_chunk,
+    fp8_gemm_splits_k,
+)
 from governor.kernels.fp8_quant import (
     add_rms_norm_fp8,
     fp8_quantize,
@@ -292,6 +298,8 @@ def test_the_w8a8_gemm_splits_k_for_a_few_rows_and_tiles_the_rows_beyond(monkeyp
         want = block_product(x, group, codes, w_scales, block, bias)
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     split = fp8_gemm_splits_k(rows, policy)
+    # At most eight chunks: llama3-8b's down_proj (K 14,336) in seven of 2,048 rather than fourteen of 1,024.
+    assert [fp8_gemm_split_chunk(k, 128, 1024) for k in (4096, 14336, 100000)] == [1024, 2048, 16384]
     assert [(launch["SPLITS"], launch["BLOCK_M"], launch["CHUNK"]) for launch in spy.launches] == \
         [(3, 16, 128) if split else (1, 16, 320)] * 2
 

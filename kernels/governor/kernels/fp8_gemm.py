@@ -33,6 +33,7 @@ from governor.kernels.packed_gemv import _split_counters, _split_k_finish
 
 _BLOCK_K_MAX = 128
 FP8_GEMM_SPLIT_MAX_ROWS = 64  # the most rows the split launch takes (one program holds them all)
+FP8_GEMM_MAX_SPLITS = 8  # the most chunks the split launch cuts K into (`fp8_gemm_split_chunk`)
 
 
 def fp8_block_gemm_ref(codes: torch.Tensor, x_scales: torch.Tensor, x_group: int, w: torch.Tensor,
@@ -71,9 +72,13 @@ def fp8_gemm_splits_k(rows: int, policy: LaunchPolicy) -> bool:
 
 def fp8_gemm_split_chunk(k: int, step: int, max_chunk: int) -> int:
     """The chunk of K a program of the split launch takes: the step doubled while it stays within `max_chunk` and
-    below K (the last chunk may be partial: its steps are masked)."""
+    below K, then further while more than FP8_GEMM_MAX_SPLITS chunks would cover K (the last chunk may be partial:
+    its steps are masked). On an H200 llama3-8b's down_proj (K 14,336) took 22.4 us at 8 rows in 7 chunks of 2,048
+    against 31.5 in 14 of 1,024, while 4,096-input products lose with chunks of 2,048 (gate_up 44.5 against 41.0)."""
     chunk = step
     while chunk * 2 <= max_chunk and chunk * 2 <= k:
+        chunk *= 2
+    while -(-k // chunk) > FP8_GEMM_MAX_SPLITS:
         chunk *= 2
     return chunk
 

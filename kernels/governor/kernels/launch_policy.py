@@ -142,9 +142,10 @@ class LaunchPolicy:
     fp8_gemm_split_max_rows: int = 32
     fp8_gemm_split_tile: tuple[int, int, int, int] = (64, 1024, 4, 3)
     # Longer steps over block-scaled weights (prefill chunks; per-feature ones take torch._scaled_mm, faster there),
-    # each program over all of K: rows, output features, warps and pipeline stages. 150.4 us a layer at 64 rows and
-    # 405.8 at 512 (128 x 128 on 8 warps: 206.4 and 397.6; 16 x 64 on 4 warps, the tile before: 185.0 and 1,301).
-    fp8_gemm_tile: tuple[int, int, int, int] = (64, 128, 4, 3)
+    # each program over all of K: rows, output features, warps and pipeline stages. In 3 stages 150.4 us a layer at
+    # 64 rows and 405.8 at 512 (128 x 128 on 8 warps: 206.4 and 397.6; 16 x 64 on 4 warps, the tile before: 185.0
+    # and 1,301); 4 stages were 2-5% faster on qkv, gate_up and down at 64 and 512 rows.
+    fp8_gemm_tile: tuple[int, int, int, int] = (64, 128, 4, 4)
 
     # --- The decode chain: the one-token step's GEMVs, add + RMSNorm, rotary + KV write and decode attention.
     # Whether they launch under programmatic dependent launch where the GPU has it (`elementwise.chain_pdl`): each
