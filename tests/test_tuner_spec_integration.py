@@ -14,7 +14,10 @@ verification yields K + 1 tokens, so a token costs (cK + 1) / (K + 1) target ste
   sampling, the server) makes shallower drafts too cheap for this: with the 62-layer copy as the draft, K 1 → 2
   raised ITL p95 by about 6%, under the tuner's 10% minimum effect; with this one a 12-token request takes 0.69 s
   at K = 1 and 1.0 s at K = 2 (measured alone on 2 cores). Requests are 12 tokens long so that each 4 s window still
-  sees requests start (TTFT is a signal every decision needs), and eight windows a side are judged.
+  sees requests start (TTFT is a signal every decision needs), and ten windows a side are judged: with eight, the
+  medians rose past the 10% minimum effect in one run of about ten (ITL p95 0.123 → 0.146 s, E2E p95 1.22 → 1.48 s)
+  while the rank test, over 4 s windows taken every 2 s (neighbours share half their data) at the per-metric alpha
+  of 0.0125, did not reach significance, and the raise was kept.
 
 One closed-loop client keeps the batch at one sequence (the rule acts only on small batches), and an ITL SLO no
 engine meets keeps ITL "high". The engine runs one intra-op thread: the tiny models' forwards gain little from a
@@ -149,16 +152,18 @@ def test_a_deeper_k_with_a_cheap_draft_is_kept(small: Path, tmp_path: Path) -> N
 
 def test_a_deeper_k_with_a_costly_draft_is_rolled_back(small: Path, tmp_path: Path) -> None:
     padded = identity_padded(small, tmp_path / "padded", 254)
-    records, k_at_end = tune_k(small, padded, tmp_path, max_tokens=12, windows=8)
+    records, k_at_end = tune_k(small, padded, tmp_path, max_tokens=12, windows=10)
     applied, verdict = first_change_of_k(records)
     assert (applied.from_, applied.to, applied.reason) == (1, 2, "SpecHeadroom")
-    # Every record on failure: what else the tuner did while it judged the change.
-    assert verdict.outcome is Outcome.ROLLED_BACK, [r.to_json() for r in records]
     # Time per token rose: ITL p95 regressed, or the requests' E2E p95 (12 tokens each) did, or both (measured in
     # three runs: E2E 0.98 → 1.22 s alone; ITL p95 106 → 142 ms with E2E 0.98 → 1.24 s; ITL 126 → 186 ms with E2E
-    # 1.21 → 1.95 s).
-    print("costly draft, K 1 -> 2 rolled back:", ", ".join(
+    # 1.21 → 1.95 s). Printed before the verdict is checked, with every record, so that a failure shows what the
+    # tuner saw and did while it judged the change (pytest shortens an assertion's message, not captured output).
+    print(f"costly draft, K 1 -> 2 {verdict.outcome.value}:", ", ".join(
         f"{e.metric} median {e.threshold / (1 + TunerSettings().min_effect):.4g} -> {e.value:.4g}"
         for e in verdict.evidence))
+    for r in records:
+        print(r.to_json())
+    assert verdict.outcome is Outcome.ROLLED_BACK, verdict.detail
     assert {e.metric for e in verdict.evidence} & {"itl_p95_s", "e2e_p95_s"}, verdict.to_json()
     assert k_at_end == 1  # K restored on the engine
