@@ -171,10 +171,24 @@ def run_format(fmt: str, shapes: dict[str, tuple[int, int]], check: bool, copy: 
 GEMM_TILES = [(64, 1024, 4), (128, 512, 4), (128, 1024, 8), (256, 512, 8), (256, 1024, 8), (64, 512, 4)]
 
 
+def measured(call: Callable[[int], torch.Tensor], want: torch.Tensor, copies: int, nbytes: int, check: bool,
+             copy: float, label: str, **fields: object) -> dict:
+    """A row of a `--gemm-rows` sweep: `call`'s largest error against `want` and, on a GPU, its microseconds over
+    `copies` weight copies and the fraction of the copy bandwidth its `nbytes` reach; printed as it comes."""
+    from governor.engine.bench.latency import graph_us_per_call
+    err = (call(0).float() - want).abs().max().item()
+    r: dict = {**fields, "max_abs_err": err, "max_abs_want": want.abs().max().item()}
+    if not check:
+        us = graph_us_per_call(call, copies)
+        r |= {"us": round(us, 2), "fraction_of_copy": round(nbytes / (us * 1e-6) / 1e9 / copy, 3)}
+    print(f"{label} " + (f"{r['us']:7.1f} us " if "us" in r else "") + f"err {err:.3g} of {r['max_abs_want']:.3g}",
+          flush=True)
+    return r
+
+
 def run_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: float, stop_at: float) -> list[dict]:
     """`packed_gemm` on `rows` rows of x per product and tile (GPTQ int4, groups of 128 in order, zero points as
     stored), each against the exact product, and its microseconds and fraction of the copy bandwidth."""
-    from governor.engine.bench.latency import graph_us_per_call
     device = torch.device("cpu" if check else "cuda")
     dtype = torch.float32 if check else torch.bfloat16
     base = policy_for(device)
@@ -197,20 +211,13 @@ def run_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: f
             def call(i: int, p: LaunchPolicy = policy, x: torch.Tensor = x,
                      sets: list[tuple[torch.Tensor, ...]] = sets) -> torch.Tensor:
                 return packed_gemm(x, *sets[i % len(sets)], 4, GROUP, zeros_minus_one=False, policy=p)
-            err = (call(0).float() - want).abs().max().item()
-            r: dict = {"format": "gptq", "rows": rows, "gemm": name, "tile": list(tile), "max_abs_err": err,
-                       "max_abs_want": want.abs().max().item()}
-            if not check:
-                us = graph_us_per_call(call, copies)
-                r |= {"us": round(us, 2), "fraction_of_copy": round(nbytes / (us * 1e-6) / 1e9 / copy, 3)}
-            out.append(r)
-            print(f"{name:8} {rows} rows tile {tile}: " + (f"{r['us']:7.1f} us " if "us" in r else "")
-                  + f"err {err:.3g} of {r['max_abs_want']:.3g}", flush=True)
+            out.append(measured(call, want, copies, nbytes, check, copy, f"{name:8} {rows} rows tile {tile}:",
+                                format="gptq", rows=rows, gemm=name, tile=list(tile)))
     return out
 
 
-FP8_SPLIT_TILES = [(64, 1024, 4, 1), (64, 1024, 4, 3), (64, 512, 4, 3), (128, 1024, 4, 3)]
-FP8_TILES = [(16, 64, 4, 3), (32, 64, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3)]
+FP8_SPLIT_TILES = [(64, 1024, 4, 3), (64, 1024, 4, 1), (64, 2048, 4, 3), (128, 1024, 4, 3)]
+FP8_TILES = [(64, 128, 4, 4), (64, 128, 4, 3), (16, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 4)]
 
 
 def run_fp8_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, copy: float,
@@ -219,7 +226,6 @@ def run_fp8_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, cop
     launch's tiles (up to FP8_GEMM_SPLIT_MAX_ROWS rows) and its tiled launch's; and `torch._scaled_mm` over
     per-feature scales (x per token), what such layers run; each against the exact product of the codes, its
     microseconds and fraction of the copy (of the block-scaled weight's bytes)."""
-    from governor.engine.bench.latency import graph_us_per_call
     device = torch.device("cpu" if check else "cuda")
     base = policy_for(device)
     policies = [(f"tiled {tile}", dataclasses.replace(base, fp8_gemm_split_max_rows=0, fp8_gemm_tile=tile))
@@ -263,15 +269,9 @@ def run_fp8_rows(rows: int, shapes: dict[str, tuple[int, int]], check: bool, cop
                 if time.monotonic() > stop_at:
                     print("deadline reached", flush=True)
                     return out
-                err = (call(0).float() - want).abs().max().item()
-                r: dict = {"format": "fp8", "rows": rows, "gemm": name, "layout": layout, "variant": label,
-                           "max_abs_err": err, "max_abs_want": want.abs().max().item()}
-                if not check:
-                    us = graph_us_per_call(call, copies)
-                    r |= {"us": round(us, 2), "fraction_of_copy": round(nbytes / (us * 1e-6) / 1e9 / copy, 3)}
-                out.append(r)
-                print(f"{name:8} {rows} rows {layout:5} {label:26} " + (f"{r['us']:7.1f} us " if "us" in r else "")
-                      + f"err {err:.3g} of {r['max_abs_want']:.3g}", flush=True)
+                out.append(measured(call, want, copies, nbytes, check, copy,
+                                    f"{name:8} {rows} rows {layout:5} {label:26}", format="fp8", rows=rows,
+                                    gemm=name, layout=layout, variant=label))
     return out
 
 
