@@ -35,6 +35,27 @@ def seeded_randn(*shape: int, dtype: torch.dtype, seed: int, scale: float = 1.0)
     return (torch.randn(*shape, generator=gen, device=DEVICE) * scale).to(dtype)
 
 
+def rotary_setup(num_kv_heads: int, head_dim: int, max_positions: int, dtype: torch.dtype, qk_norm: bool, fp8: bool,
+                 seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor | float], dict[str, torch.Tensor]]:
+    """A rotary table [max_positions, 2, head_dim] of random angles (cos, then sin with its first half negated, as
+    `Rotary.table` lays it out) on DEVICE, Qwen3's per-head norm weights when `qk_norm`, and an fp8 cache's per-head
+    scales when `fp8`: the keyword arguments of the rotary kernels."""
+    gen = torch.Generator().manual_seed(seed)
+    angles = torch.rand(max_positions, head_dim, generator=gen) * 6.3
+    sin = angles.sin()
+    sin[:, :head_dim // 2] *= -1
+    cos_sin = torch.stack((angles.cos(), sin), dim=1).to(dtype).to(DEVICE)
+    norms: dict[str, torch.Tensor | float] = {}
+    if qk_norm:
+        norms = {"q_norm": seeded_randn(head_dim, dtype=dtype, seed=seed + 1),
+                 "k_norm": seeded_randn(head_dim, dtype=dtype, seed=seed + 2), "eps": 1e-6}
+    scales: dict[str, torch.Tensor] = {}
+    if fp8:
+        scales = {"k_scale": torch.rand(num_kv_heads, generator=gen).to(DEVICE) * 0.02 + 0.005,
+                  "v_scale": torch.rand(num_kv_heads, generator=gen).to(DEVICE) * 0.02 + 0.005}
+    return cos_sin, norms, scales
+
+
 # Each entry: transformers config class name and its kwargs. Shapes are tiny; the variants cover
 # GQA and MQA, tied and untied embeddings, qkv bias (Qwen2), q/k norm with explicit head_dim (Qwen3),
 # and Llama 3 rope scaling with a short original context so the scaling matters at test lengths.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -87,6 +88,40 @@ def test_triton_backend_matches_transformers_on_cpu(hf_checkpoint, hf_model) -> 
     model = hf_model(path)
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(model, prompt, 8)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_decode_steps_fold_the_rotary_into_attention_and_give_the_two_kernel_tokens(
+        hf_checkpoint, hf_model, monkeypatch: pytest.MonkeyPatch, arch: str) -> None:
+    """Steps of decodes only run `rotary_decode_attention` (the policy's `decode_rotary`); with it off they run
+    `rotary_write_kv` and `paged_decode_attention` as before, and both give transformers' greedy tokens."""
+    from governor.engine.models import llama
+    from governor.kernels import paged_attention
+
+    path = hf_checkpoint(arch)
+    prompts = mixed_prompts(2, seed=5, hi=12)
+    calls: list[int] = []
+    real = paged_attention.rotary_decode_attention
+
+    def spy(qkv: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(qkv.shape[0])
+        return real(qkv, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(paged_attention, "rotary_decode_attention", spy)
+    runs = {}
+    real_policy = llama.policy_for
+    for fold in (True, False):
+        monkeypatch.setattr(llama, "policy_for",
+                            lambda device, fold=fold: dataclasses.replace(real_policy(device), decode_rotary=fold))
+        calls.clear()
+        llm = LLM(str(path), dtype="float32", attention_backend="triton")
+        runs[fold] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(5))]
+        monkeypatch.setattr(llama, "policy_for", real_policy)
+        layers = llm.engine.model_config.num_layers
+        # 5 tokens: the prefill step samples the first, then 4 steps of decodes of both sequences.
+        assert calls == ([2] * 4 * layers if fold else [])
+    model = hf_model(path)
+    assert runs[True] == runs[False] == [hf_greedy(model, p, 5) for p in prompts]
 
 
 def test_sharded_checkpoint_loads_identically(hf_checkpoint, tmp_path: Path) -> None:

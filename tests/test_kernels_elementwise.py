@@ -13,7 +13,7 @@ import triton.language as tl
 from governor.kernels import elementwise as ew
 from governor.kernels import paged_attention as pa
 from governor.kernels.elementwise import round_to
-from tests.conftest import DEVICE, needs_triton, seeded_randn
+from tests.conftest import DEVICE, needs_triton, rotary_setup, seeded_randn
 
 # fp32: the kernels' only difference is the order of a norm's fp32 sum. bf16: that can move a value across a
 # rounding boundary, one bf16 step (2^-8 relative) at most.
@@ -99,22 +99,11 @@ class RotaryCase:
         t, max_positions, num_blocks, block_size = 6, 40, 4, 4
         self.qkv = seeded_randn(t, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, seed=seed, scale=2.0)
         self.positions = torch.tensor([0, 3, 17, 39, 5, 8], device=DEVICE)
-        angles = torch.rand(max_positions, head_dim, generator=torch.Generator().manual_seed(seed)) * 6.3
-        sin = angles.sin()
-        sin[:, :head_dim // 2] *= -1
-        self.cos_sin = torch.stack((angles.cos(), sin), dim=1).to(dtype).to(DEVICE)
         self.slots = torch.tensor([3, 0, -1, 9, 12, -1], device=DEVICE)  # -1: padding, written nowhere
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.cache_dtype = cache_dtype or dtype
-        self.norms: dict[str, torch.Tensor | float] = {}
-        if qk_norm:
-            self.norms = {"q_norm": seeded_randn(head_dim, dtype=dtype, seed=seed + 1),
-                          "k_norm": seeded_randn(head_dim, dtype=dtype, seed=seed + 2), "eps": 1e-6}
-        self.scales: dict[str, torch.Tensor] = {}
-        if self.cache_dtype == pa.FP8_KV_DTYPE:
-            self.scales = {"k_scale": torch.rand(num_kv_heads, device=DEVICE) * 0.02 + 0.005,
-                           "v_scale": torch.rand(num_kv_heads, device=DEVICE) * 0.02 + 0.005}
-        self.shape = shape
+        self.cos_sin, self.norms, self.scales = rotary_setup(num_kv_heads, head_dim, max_positions, dtype, qk_norm,
+                                                             self.cache_dtype == pa.FP8_KV_DTYPE, seed)
+        self.shape = (num_blocks, block_size, num_kv_heads, head_dim)
 
     def run(self, fn: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, qkv after the call, k cache, v cache) of `fn` on fresh copies."""

@@ -54,6 +54,22 @@ class PagedAttention:
         kernels.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale)
         return self.attend(q, kv_cache, meta, k_scale, v_scale)
 
+    def attend_rotary(self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_heads: int,
+                      kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, *,
+                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
+                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """A step of decodes only (one query a sequence): rotary, the K/V write and decode attention of the qkv
+        projection in one launch (`rotary_decode_attention`; backend "triton" only)."""
+        if self.backend != "triton" or meta.num_decode_tokens != qkv.shape[0]:
+            raise RuntimeError("PagedAttention.attend_rotary takes steps of decodes only, on the Triton backend")
+        policy = self.policy
+        if policy is None:
+            policy = self.policy = policy_for(qkv.device)
+        return kernels.rotary_decode_attention(qkv, positions, cos_sin, num_heads, *kv_cache, meta.slot_mapping,
+                                               meta.block_tables, meta.seq_lens, self.scale, q_norm=q_norm,
+                                               k_norm=k_norm, eps=eps, k_scale=k_scale, v_scale=v_scale,
+                                               policy=policy)
+
     def attend(self, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q over the cache, this step's K/V already written (backend "triton" only)."""

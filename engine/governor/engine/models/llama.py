@@ -160,12 +160,18 @@ class Attention(nn.Module):
         kernels = self.backend.policy if cos_sin is None and not self.observe else None
         qkv = linear(x, self.qkv_weight, self.qkv_bias, kernels)
         if kernels is not None:
-            q = rotary_write_kv(qkv, positions, self.rotary.table, self.num_heads, *kv_cache, meta.slot_mapping,
-                                q_norm=None if self.q_norm is None else self.q_norm.weight,
-                                k_norm=None if self.k_norm is None else self.k_norm.weight,
-                                eps=0.0 if self.q_norm is None else self.q_norm.eps,
-                                k_scale=self.k_scale, v_scale=self.v_scale, policy=kernels)
-            out = self.backend.attend(q, kv_cache, meta, self.k_scale, self.v_scale)
+            q_norm = None if self.q_norm is None else self.q_norm.weight
+            k_norm = None if self.k_norm is None else self.k_norm.weight
+            eps = 0.0 if self.q_norm is None else self.q_norm.eps
+            if kernels.decode_rotary and meta.num_decode_tokens == qkv.shape[0]:  # one query a sequence
+                out = self.backend.attend_rotary(qkv, positions, self.rotary.table, self.num_heads, kv_cache, meta,
+                                                 q_norm=q_norm, k_norm=k_norm, eps=eps, k_scale=self.k_scale,
+                                                 v_scale=self.v_scale)
+            else:
+                q = rotary_write_kv(qkv, positions, self.rotary.table, self.num_heads, *kv_cache, meta.slot_mapping,
+                                    q_norm=q_norm, k_norm=k_norm, eps=eps, k_scale=self.k_scale,
+                                    v_scale=self.v_scale, policy=kernels)
+                out = self.backend.attend(q, kv_cache, meta, self.k_scale, self.v_scale)
         else:
             out = self._unfused(qkv, self.rotary.lookup(positions) if cos_sin is None else cos_sin, kv_cache, meta)
         return linear(out.reshape(-1, self.q_size), self.o_weight, None, kernels)

@@ -9,7 +9,8 @@ Modules, by what each owns:
 - `checks`: the cache contract's constants (fp8 dtype and range, the int32 offset limit) and argument validation.
 - `tiles`: the online-softmax inner loop the Triton attention kernels share.
 - `splits`: the split-KV partition count of a decode launch and each sequence's partition size.
-- `decode`: `paged_decode_attention`, the Triton decode kernel, its launch settings and the merge of split partials.
+- `decode`: `paged_decode_attention` (and `rotary_decode_attention`, with the rotary and K/V write of a step of
+  decodes folded in), the Triton decode kernel, its launch settings and the merge of split partials.
 - `gluon_decode`: the Gluon decode kernel over an fp8 cache on sm_90 and which calls take it.
 - `prefill`: `paged_prefill_attention` and its kernel.
 
@@ -53,7 +54,7 @@ device's, `policy_for`), and an A/B script or a test chooses another with `datac
 """
 
 from .checks import FP8_KV_DTYPE, FP8_MAX, INT32_OFFSET_ELEMENTS
-from .decode import paged_decode_attention
+from .decode import paged_decode_attention, rotary_decode_attention
 from .kv_write import rotary_write_kv, rotary_write_kv_ref, write_kv, write_kv_ref
 from .prefill import paged_prefill_attention
 from .reference import paged_attention_ref
@@ -67,6 +68,7 @@ __all__ = [
     "paged_attention_ref",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "rotary_decode_attention",
     "rotary_write_kv",
     "rotary_write_kv_ref",
     "write_kv",

@@ -10,6 +10,8 @@ split-KV partials: folded into the decode kernel through per-(seq, kv head) arri
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -20,6 +22,7 @@ from governor.kernels.launch_policy import LaunchPolicy, policy_for
 
 from .checks import FP8_KV_DTYPE, _check_attention_args, _check_out, _needs_int64_offsets, _require_triton
 from .gluon_decode import _gluon_caches_aligned, _gluon_decode, _launch_gluon_decode
+from .kv_write import check_rotary_args, rotary_write_kv, rotated_heads, store_rotated_kv
 from .splits import _partition_size, _sm_count, decode_num_splits
 from .tiles import _LOG2E, _MIN_DOT, _attend_range, _dot_precision, _fp16_range
 
@@ -38,9 +41,16 @@ def _decode_kernel(
     counter_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    pos_ptr,
+    cos_sin_ptr,
+    q_norm_ptr,
+    k_norm_ptr,
+    slot_ptr,
     qk_scale,
+    eps,
     num_q_heads,
     num_splits,
+    stride_cs,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -68,9 +78,14 @@ def _decode_kernel(
     FOLD: tl.constexpr,
     PDL: tl.constexpr,
     CHAIN_PDL: tl.constexpr,
+    ROTARY: tl.constexpr,
+    QK_NORM: tl.constexpr,
 ):
     # Program (seq, kv head, partition): all GROUP query heads of the kv head at once, so each K/V
     # row is read once per group. Rows >= GROUP are padding (tl.dot needs >= 16 rows).
+    # ROTARY: q_ptr is the step's qkv projection, [q | k | v] a row; the program norms (QK_NORM) and rotates its q
+    # heads itself, and the program whose partition holds the newest position stores that token's rotated key and
+    # its value in the cache before it reads the cache (what `kv_write.rotary_write_kv` would have done before).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -91,11 +106,28 @@ def _decode_kernel(
     row_valid = g < GROUP
     head = kv_head * GROUP + g
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(
-        q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_valid[:, None],
-        other=0.0,
-    )
+    if ROTARY:
+        q_row = q_ptr + seq.to(tl.int64) * stride_qt
+        cs = cos_sin_ptr + tl.load(pos_ptr + seq).to(tl.int64) * stride_cs
+        q = rotated_heads(q_row + head[:, None] * HEAD_DIM, d, row_valid[:, None], cs, q_norm_ptr, eps, QK_NORM,
+                          HEAD_DIM).to(q_ptr.dtype.element_ty)
+        newest = seq_len - 1
+        writer = newest >= 0
+        if SPLIT:
+            writer = writer & (newest // partition_size == split)
+        slot = tl.load(slot_ptr + seq).to(tl.int64)
+        if writer & (slot >= 0):
+            store_rotated_kv(q_row, d, cs, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+                             slot // BLOCK_SIZE, slot % BLOCK_SIZE, kv_head, num_q_heads, num_q_heads // GROUP,
+                             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                             HEAD_DIM, QK_NORM, KV_FP8, INTERPRET)
+        tl.debug_barrier()  # the key and value stored above are read back by the program's other threads
+    else:
+        q = tl.load(
+            q_ptr + seq * stride_qt + head[:, None] * stride_qh + d[None, :],
+            mask=row_valid[:, None],
+            other=0.0,
+        )
 
     m_i = tl.full([GROUP_PAD], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -223,14 +255,85 @@ def paged_decode_attention(
     `k_scale`/`v_scale`: float32 [num_kv_heads], required with an fp8 cache (package docstring).
     `policy`: the launch settings (None: the device's, `launch_policy.policy_for`).
     """
-    num_kv_heads = _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
+    _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     _require_triton(q, "paged_decode_attention")
+    return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, out, num_splits, max_seq_len, k_scale,
+                   v_scale, policy, None)
+
+
+@dataclass(frozen=True)
+class _Rotary:
+    """What `rotary_decode_attention` folds into the decode launch: `rotary_write_kv`'s arguments."""
+
+    qkv: torch.Tensor
+    positions: torch.Tensor
+    cos_sin: torch.Tensor
+    slot_mapping: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    eps: float
+
+
+def rotary_decode_attention(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    num_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    policy: LaunchPolicy | None = None,
+) -> torch.Tensor:
+    """`kv_write.rotary_write_kv` and then `paged_decode_attention`, in one kernel, for a step whose every token is its
+    sequence's one query: token b of the qkv projection [B, (Hq + 2 Hkv) D] is sequence b's, at `positions[b]`
+    (`seq_lens[b] - 1`), its K/V going to `slot_mapping[b]` (< 0: a padding row, nothing stored). Returns the
+    attention output [B, Hq, D] (a new tensor; qkv is left as it is). Each program norms (`q_norm`/`k_norm`, Qwen3)
+    and rotates its query heads itself, and the one program of each (sequence, kv head) whose partition holds the
+    newest position stores the rotated key and the value before it reads the cache, so the stored bytes, q and the
+    output are those of the two calls (up to the order of the per-head norm's sum). Where the Gluon fp8 kernel takes
+    the call it is the two calls. Arguments as the two functions'."""
+    check_rotary_args("rotary_decode_attention", qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
+                      q_norm, k_norm, k_scale, v_scale)
+    _require_triton(qkv, "rotary_decode_attention")
+    batch, head_dim = qkv.shape[0], k_cache.shape[3]
+    q = qkv[:, :num_heads * head_dim].view(batch, num_heads, head_dim)
+    _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
+    policy = policy or policy_for(qkv.device)
+    if _gluon_decode(policy, q.device, q.dtype, k_cache.dtype, head_dim, num_heads // k_cache.shape[2],
+                     _gluon_caches_aligned(k_cache, v_cache)):
+        q = rotary_write_kv(qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping, q_norm=q_norm,
+                            k_norm=k_norm, eps=eps, k_scale=k_scale, v_scale=v_scale, policy=policy)
+        return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, None, num_splits, max_seq_len, k_scale,
+                       v_scale, policy, None)
+    rotary = _Rotary(qkv, positions, cos_sin, slot_mapping, q_norm, k_norm, eps)
+    return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, None, num_splits, max_seq_len, k_scale,
+                   v_scale, policy, rotary)
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+            seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None, num_splits: int | None,
+            max_seq_len: int | None, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+            policy: LaunchPolicy | None, rotary: _Rotary | None) -> torch.Tensor:
+    """The launch of `paged_decode_attention` and `rotary_decode_attention` (checked arguments; with `rotary`, q is a
+    view of `rotary.qkv` and the Gluon kernel does not take the call)."""
     batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
     if block_tables.shape[0] != batch:
         raise ValueError(
             f"paged_decode_attention: q has {batch} sequences but block_tables has {block_tables.shape[0]}"
         )
-    out = _check_out(out, q)
+    out = _check_out(out, q)  # a new one is contiguous also when q is a view of qkv
     if batch == 0:
         return out
     if policy is None:
@@ -259,16 +362,20 @@ def paged_decode_attention(
     counters = _fold_counters(q.device, batch * num_kv_heads) if fold else seq_lens  # seq_lens: never used
 
     offsets_64 = _needs_int64_offsets(k_cache, v_cache)
-    if _gluon_decode(policy, q.device, q.dtype, k_cache.dtype, head_dim, group,
-                     _gluon_caches_aligned(k_cache, v_cache)):
+    if rotary is None and _gluon_decode(policy, q.device, q.dtype, k_cache.dtype, head_dim, group,
+                                        _gluon_caches_aligned(k_cache, v_cache)):
         _launch_gluon_decode(policy, q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l,
                              counters, k_scale, v_scale, scale, num_splits, split=split, fold=fold, pdl=pdl,
                              offsets_64=offsets_64)
     else:
+        # Without rotary its pointers are never dereferenced (out stands in for them).
+        r = rotary or _Rotary(out, seq_lens, out.view(-1, 1, 1), seq_lens, None, None, 0.0)
         _decode_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, counters,
             k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
-            scale * _LOG2E, num_q_heads, num_splits,
+            r.positions, r.cos_sin, out if r.q_norm is None else r.q_norm, out if r.k_norm is None else r.k_norm,
+            r.slot_mapping,
+            scale * _LOG2E, r.eps, num_q_heads, num_splits, r.cos_sin.stride(0),
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -288,6 +395,8 @@ def paged_decode_attention(
             FOLD=fold,
             PDL=pdl,
             CHAIN_PDL=chain,
+            ROTARY=rotary is not None,
+            QK_NORM=rotary is not None and rotary.q_norm is not None,
             **_decode_launch_options(policy, fp8, wide),
             **pdl_launch(chain),
         )  # fmt: skip

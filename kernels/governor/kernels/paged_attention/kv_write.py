@@ -205,34 +205,69 @@ def _rotary_write_kv_kernel(
     if PDL:  # the decode chain (elementwise.chain_pdl): qkv is the kernel before's output
         gdc_launch_dependents()
         gdc_wait()
-    dtype = qkv_ptr.dtype.element_ty
     d = tl.arange(0, HEAD_DIM)
+    row = qkv_ptr + token * stride_t
+    cs = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
+    if head < NUM_HEADS:
+        y = rotated_head(row + head * HEAD_DIM, d, cs, q_norm_ptr, eps, QK_NORM, HEAD_DIM)
+        tl.store(row + head * HEAD_DIM + d, y.to(qkv_ptr.dtype.element_ty))
+    else:
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        if slot >= 0:  # the flat slot view: a slot is a "block" of one token
+            store_rotated_kv(row, d, cs, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot,
+                             0, head - NUM_HEADS, NUM_HEADS, NUM_KV_HEADS, stride_kc_slot, 0, stride_kc_h,
+                             stride_vc_slot, 0, stride_vc_h, HEAD_DIM, QK_NORM, FP8, INTERPRET)
+
+
+@triton.jit
+def rotated_head(head, d, cs, w_ptr, eps, QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One head of a qkv row (`head`: its first value) normed by `w_ptr`'s weight (QK_NORM) and rotated by the
+    rotary row `cs` (cos, then signed sin), in fp32 rounded where `rotary_write_kv_ref` rounds."""
+    dtype = head.dtype.element_ty
     d_half = (d + HEAD_DIM // 2) % HEAD_DIM  # roll(x, D/2)[d] = x[(d + D/2) mod D]
-    row = qkv_ptr + token * stride_t + head * HEAD_DIM
-    x = tl.load(row + d).to(tl.float32)
-    x_half = tl.load(row + d_half).to(tl.float32)
+    x = tl.load(head + d).to(tl.float32)
+    x_half = tl.load(head + d_half).to(tl.float32)
     if QK_NORM:
-        w_ptr = tl.where(head < NUM_HEADS, q_norm_ptr, k_norm_ptr)
         # The norm is per element after one shared statistic: normalize x, and x_half with x's statistic.
         rstd = rms_rstd(x, HEAD_DIM, eps)
         x = rms_scale(x, rstd, tl.load(w_ptr + d).to(tl.float32), dtype)
         x_half = rms_scale(x_half, rstd, tl.load(w_ptr + d_half).to(tl.float32), dtype)
-    cs = cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs
-    y = rotate(x, x_half, tl.load(cs + d).to(tl.float32), tl.load(cs + HEAD_DIM + d).to(tl.float32), dtype)
-    if head < NUM_HEADS:
-        tl.store(row + d, y.to(dtype))
-    else:
-        kv_head = head - NUM_HEADS
-        slot = tl.load(slot_ptr + token).to(tl.int64)
-        if slot >= 0:
-            v = tl.load(qkv_ptr + token * stride_t + (NUM_HEADS + NUM_KV_HEADS + kv_head) * HEAD_DIM + d)
-            if FP8:
-                y = _quantize_e4m3(y, tl.load(k_scale_ptr + kv_head), INTERPRET)
-                v = _quantize_e4m3(v, tl.load(v_scale_ptr + kv_head), INTERPRET)
-            kc = k_cache_ptr + slot * stride_kc_slot + kv_head * stride_kc_h + d
-            vc = v_cache_ptr + slot * stride_vc_slot + kv_head * stride_vc_h + d
-            tl.store(kc, y.to(kc.dtype.element_ty))
-            tl.store(vc, v.to(vc.dtype.element_ty))
+    return rotate(x, x_half, tl.load(cs + d).to(tl.float32), tl.load(cs + HEAD_DIM + d).to(tl.float32), dtype)
+
+
+@triton.jit
+def rotated_heads(heads, d, mask, cs, w_ptr, eps, QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """`rotated_head` of several heads at once: `heads` [R, 1] points at each one's first value (rows where `mask` is
+    false read zeros); returns [R, HEAD_DIM]."""
+    dtype = heads.dtype.element_ty
+    d_half = (d + HEAD_DIM // 2) % HEAD_DIM
+    x = tl.load(heads + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_half = tl.load(heads + d_half[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)[:, None]  # rms_rstd of each row
+        x = rms_scale(x, rstd, tl.load(w_ptr + d).to(tl.float32)[None, :], dtype)
+        x_half = rms_scale(x_half, rstd, tl.load(w_ptr + d_half).to(tl.float32)[None, :], dtype)
+    cos = tl.load(cs + d).to(tl.float32)[None, :]
+    sin = tl.load(cs + HEAD_DIM + d).to(tl.float32)[None, :]
+    return rotate(x, x_half, cos, sin, dtype)
+
+
+@triton.jit
+def store_rotated_kv(row, d, cs, k_norm_ptr, eps, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block, offset,
+                     kv_head, num_heads, num_kv_heads, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt,
+                     stride_vh, HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, FP8: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """A token's key of kv head `kv_head`, normed (QK_NORM) and rotated, and its value, from its qkv `row` into the
+    cache at (`block`, `offset`), quantized to e4m3 with the head's scales (FP8)."""
+    k = rotated_head(row + (num_heads + kv_head) * HEAD_DIM, d, cs, k_norm_ptr, eps, QK_NORM, HEAD_DIM)
+    v = tl.load(row + (num_heads + num_kv_heads + kv_head) * HEAD_DIM + d)
+    if FP8:
+        k = _quantize_e4m3(k, tl.load(k_scale_ptr + kv_head), INTERPRET)
+        v = _quantize_e4m3(v, tl.load(v_scale_ptr + kv_head), INTERPRET)
+    kc = k_cache_ptr + block * stride_kb + offset * stride_kt + kv_head * stride_kh + d
+    vc = v_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh + d
+    tl.store(kc, k.to(kc.dtype.element_ty))
+    tl.store(vc, v.to(vc.dtype.element_ty))
 
 
 def _qkv_views(qkv: torch.Tensor, num_heads: int, k_cache: torch.Tensor
@@ -299,17 +334,9 @@ def rotary_write_kv(
         q = _qkv_views(qkv, num_heads, k_cache)[0]
         return q.copy_(rotary_write_kv_ref(qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
                                            q_norm=q_norm, k_norm=k_norm, eps=eps, k_scale=k_scale, v_scale=v_scale))
-    q, k, v = _qkv_views(qkv, num_heads, k_cache)
-    fp8 = _check_write_kv_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    t, num_kv_heads, head_dim = k.shape
-    _require_pow2_head_dim(head_dim, "rotary_write_kv")
-    if (q_norm is None) != (k_norm is None):
-        raise ValueError("rotary_write_kv: pass both q_norm and k_norm, or neither")
-    if cos_sin.dim() != 3 or cos_sin.shape[1:] != (2, head_dim) or not cos_sin.is_contiguous():
-        raise ValueError(f"rotary_write_kv: cos_sin must be a contiguous [max_positions, 2, {head_dim}], "
-                         f"got {tuple(cos_sin.shape)}")
-    if positions.shape != (t,):
-        raise ValueError(f"rotary_write_kv: positions must be [{t}], got {tuple(positions.shape)}")
+    q, fp8 = check_rotary_args("rotary_write_kv", qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
+                               q_norm, k_norm, k_scale, v_scale)
+    t, num_kv_heads, head_dim = qkv.shape[0], k_cache.shape[2], k_cache.shape[3]
     if t == 0:
         return q
     if policy is None:
@@ -337,6 +364,26 @@ def rotary_write_kv(
         **pdl_launch(pdl),
     )  # fmt: skip
     return q
+
+
+def check_rotary_args(name: str, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, num_heads: int,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, k_scale: torch.Tensor | None,
+                      v_scale: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """Validate the arguments of a launch that rotates a qkv projection and writes its K/V (`rotary_write_kv`, and
+    decode attention with the rotary folded in); return the q view [T, Hq, D] and whether the cache is fp8."""
+    q, k, v = _qkv_views(qkv, num_heads, k_cache)
+    fp8 = _check_write_kv_args(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    t, _, head_dim = k.shape
+    _require_pow2_head_dim(head_dim, name)
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError(f"{name}: pass both q_norm and k_norm, or neither")
+    if cos_sin.dim() != 3 or cos_sin.shape[1:] != (2, head_dim) or not cos_sin.is_contiguous():
+        raise ValueError(f"{name}: cos_sin must be a contiguous [max_positions, 2, {head_dim}], "
+                         f"got {tuple(cos_sin.shape)}")
+    if positions.shape != (t,):
+        raise ValueError(f"{name}: positions must be [{t}], got {tuple(positions.shape)}")
+    return q, fp8
 
 
 def _check_write_kv_args(
