@@ -1,5 +1,6 @@
-"""Compile the quantized-weight kernels and the argmax of greedy steps for a Hopper GPU (sm_90) on any machine, GPU or
-not: Triton's front end, its TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin.
+"""Compile the quantized-weight kernels, decode attention with the rotary folded in, the all-reduce + RMSNorm of tensor
+parallelism and the argmax of greedy steps for a Hopper GPU (sm_90) on any machine, GPU or not: Triton's front end,
+its TritonGPU passes, LLVM and the ptxas bundled with the triton wheel, down to a cubin.
 What the interpreter cannot show (a kernel that Triton cannot lower for the GPU, or that reads a global the GPU
 compiler refuses) shows here; whether the cubin computes the right thing is for the GPU tests.
 
@@ -31,9 +32,20 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from governor.kernels import argmax, fp8_gemm, fp8_quant, gemv, packed_gemm, packed_gemv
+from governor.kernels import (
+    argmax,
+    fp8_gemm,
+    fp8_quant,
+    gemv,
+    packed_gemm,
+    packed_gemv,
+    paged_attention,
+    reduce_norm,
+)
 from governor.kernels.elementwise import row_warps
 from governor.kernels.launch_policy import LaunchPolicy
+
+POLICY = LaunchPolicy()
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -74,6 +86,35 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int]]:
         out.append((f"fp8_gemv x={x} scale_mode={scale} even={even}", gemv._fp8_gemv_kernel,
                     {"x_ptr": x, "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "b_ptr": "*bf16", "out_ptr": "*bf16",
                      "n": "i32", "stride_s": "i32", **sig}, consts, 4))
+    # The all-reduce + add + RMSNorm of tensor parallelism at TP 2 over 4,096 values, rows and flags or packets.
+    for x, packets in (("*bf16", True), ("*fp32", True), ("*bf16", False)):
+        sig, consts = constexprs("RANK WORLD HAS_RESIDUAL BLOCK PDL PACKETS VALUES INTERPRET", RANK=0, WORLD=2,
+                                 HAS_RESIDUAL=True, BLOCK=4096, PDL=True, PACKETS=packets,
+                                 VALUES=2 if x == "*bf16" else 1, INTERPRET=False)
+        out.append((f"all_reduce_add_rms_norm x={x} packets={packets}", reduce_norm._all_reduce_add_rms_norm_kernel,
+                    {**{name: x for name in ("x_ptr", "res_ptr", "w_ptr", "out_ptr", "h_ptr")}, "buffers": "*i64",
+                     "signal_pads": "*i64", "calls": "*i32", "t": "i32", "n": "i32", "eps": "fp32", "stride_x": "i32",
+                     "stride_r": "i32", "stride_o": "i32", "stride_h": "i32", "slot_stride": "i64",
+                     "packet_base": "i64", "packet_slot": "i64", **sig}, consts, row_warps(POLICY, 4096)))
+    # Decode attention with the rotary and K/V write folded in (a step of decodes: llama3-8b at TP 2, 4 query heads a
+    # kv head; Qwen3's per-head norms), split and folded as a batch-1 step runs, and unsplit.
+    for qk_norm, split in ((False, True), (True, True), (False, False)):
+        sig, consts = constexprs(
+            "GROUP GROUP_PAD BLOCK_SIZE TILE_N HEAD_DIM SPLIT TILE_ALIGN KV_FP8 FP16_PRODUCTS DOT_PRECISION INTERPRET "
+            "OFFSETS_64 SPLITS_PAD FOLD PDL CHAIN_PDL ROTARY QK_NORM", GROUP=4, GROUP_PAD=16, BLOCK_SIZE=16,
+            TILE_N=64, HEAD_DIM=128, SPLIT=split, TILE_ALIGN=64, KV_FP8=False, FP16_PRODUCTS=False,
+            DOT_PRECISION="tf32", INTERPRET=False, OFFSETS_64=False, SPLITS_PAD=8, FOLD=split, PDL=False,
+            CHAIN_PDL=True, ROTARY=True, QK_NORM=qk_norm)
+        pointers = {name: "*bf16" for name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr", "cos_sin_ptr",
+                                               "q_norm_ptr", "k_norm_ptr")}
+        pointers.update({name: "*fp32" for name in ("part_acc_ptr", "part_m_ptr", "part_l_ptr", "k_scale_ptr",
+                                                    "v_scale_ptr")})
+        pointers.update({"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "counter_ptr": "*i32",
+                         "pos_ptr": "*i64", "slot_ptr": "*i64", "qk_scale": "fp32", "eps": "fp32"})
+        kernel = paged_attention.decode._decode_kernel
+        scalars = {name: "i32" for name in kernel.arg_names if name not in pointers and name not in sig}
+        out.append((f"rotary_decode qk_norm={qk_norm} split={split}", kernel, {**pointers, **scalars, **sig}, consts,
+                    POLICY.decode_num_warps_16))
     for gptq, bits, grouped in ((False, 4, True), (True, 4, True), (True, 8, False)):
         sig, consts = constexprs("K GROUP BITS GPTQ GROUPED ZERO_OFFSET BLOCK_N BLOCK_K HAS_BIAS PDL", K=4096,
                                  GROUP=128, BITS=bits, GPTQ=gptq, GROUPED=grouped, ZERO_OFFSET=1,

@@ -9,9 +9,12 @@ docs/design/decode-attention-kernels.md (attention, rotary) and docs/design/gemv
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import os
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -151,6 +154,15 @@ class LaunchPolicy:
     # Whether they launch under programmatic dependent launch where the GPU has it (`elementwise.chain_pdl`): each
     # lets the next start at its own start, and a GEMV reads its first weight tile before waiting for its input.
     step_pdl: bool = True
+    # Whether a step of decodes only folds rotary + K/V write into the Triton decode kernel
+    # (`paged_attention.rotary_decode_attention`): one kernel boundary fewer a layer.
+    decode_rotary: bool = True
+
+    # --- The all-reduce + add + RMSNorm of tensor parallelism (`reduce_norm`).
+    # Most rows a call sends as tagged 8-byte packets (no flags and no fence before them) rather than rows and flags.
+    # At TP 2 on 2 H200s (llama3-8b shape): one row 4.8 us against 5.0 (`bench all-reduce`), a batch-1 decode step
+    # 2.71-2.72 ms against 2.74-2.75; with packets up to 8 rows, a batch-8 step 3.33-3.34 ms against 3.30.
+    reduce_norm_packet_max_rows: int = 1
 
     # --- Elementwise kernels (`elementwise`).
     # Columns a SiLU·mul program covers: 8 values a thread of Triton's default 4 warps.
@@ -167,9 +179,50 @@ DEFAULT_POLICY = LaunchPolicy()
 POLICIES: dict[str, LaunchPolicy] = {"default": DEFAULT_POLICY}
 
 
+# A JSON object of LaunchPolicy fields that every policy_for_arch answer takes instead of its own values, e.g.
+# '{"decode_rotary": false}': for A/B measurements of whole engines. It is read in every process that looks a policy
+# up, tensor-parallel workers included (they inherit the environment).
+POLICY_ENV = "GOVERNOR_LAUNCH_POLICY"
+
+
 def policy_for_arch(arch: str) -> LaunchPolicy:
-    """The policy of an architecture named as in POLICIES (e.g. "sm_90"), or the default one."""
-    return POLICIES.get(arch, POLICIES["default"])
+    """The policy of an architecture named as in POLICIES (e.g. "sm_90"), or the default one; with the fields
+    POLICY_ENV sets, if it is set."""
+    return with_overrides(POLICIES.get(arch, POLICIES["default"]), os.environ.get(POLICY_ENV, ""))
+
+
+def with_overrides(policy: LaunchPolicy, text: str) -> LaunchPolicy:
+    """`policy` with the fields of `text`, a JSON object (empty: none); a list stands for a tuple. ValueError naming
+    the fields for anything else."""
+    if not text.strip():
+        return policy
+    names = [f.name for f in dataclasses.fields(LaunchPolicy)]
+    try:
+        values = json.loads(text)
+        problem = "" if isinstance(values, dict) else f"got {type(values).__name__}"
+    except json.JSONDecodeError as e:
+        values, problem = {}, str(e)
+    unknown = sorted(set(values) - set(names))
+    if problem or unknown:
+        raise ValueError(f"{POLICY_ENV} must be a JSON object of LaunchPolicy fields ("
+                         f"{problem or 'unknown: ' + ', '.join(unknown)}); fields: {', '.join(names)}")
+
+    def as_field(old: Any, new: Any) -> Any:
+        if isinstance(new, list):
+            value = tuple(as_field(None, v) for v in new)
+            return GemvConfig(*value) if isinstance(old, GemvConfig) else value
+        return new
+
+    fields = {f.name: f for f in dataclasses.fields(LaunchPolicy)}
+    changed = {}
+    for name, raw in values.items():
+        old, new = getattr(policy, name), as_field(getattr(policy, name), raw)
+        fits = (isinstance(new, type(old)) or (type(old) is float and type(new) is int) or old is None
+                or (new is None and "None" in str(fields[name].type)))
+        if not fits or (type(old) is int and type(new) is bool):
+            raise ValueError(f"{POLICY_ENV}: {name} takes a value like {old!r}, got {raw!r}")
+        changed[name] = new
+    return dataclasses.replace(policy, **changed)
 
 
 @functools.cache

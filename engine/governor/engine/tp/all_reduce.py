@@ -14,7 +14,8 @@ address space over NVLink) a message needs no hops:
 Where an all-reduce is followed by the residual add and RMSNorm (every one in a decode step: after o_proj, after
 down_proj, after the embedding), a message of up to `_FUSED_MAX` takes Governor's own kernel instead, which does the
 three in one (`kernels/reduce_norm.py`: each rank pushes its rows into every peer's buffer, raises flags, and sums,
-adds and norms what it received), on a second pair of buffers and signal pads of its own.
+adds and norms what it received; calls of a few rows go as tagged packets instead, which need no flags), on a second
+pair of buffers and signal pads of its own.
 
 The P2P paths are PyTorch's symmetric-memory kernels (`torch.ops.symm_mem`) on buffers allocated once at start.
 Both end in a barrier, so a buffer is never overwritten while a peer still reads it, and neither needs the host:
@@ -52,6 +53,9 @@ _DEFAULT_TWO_SHOT_MAX = 2 * 1024 * 1024
 # of an 8B model, a batch of 256) and loses from 4 MiB (36.4 against 32.8). TP 4 is not measured past 512 KiB.
 _FUSED_MAX = {2: 2 * 1024 * 1024, 4: 512 * 1024}
 _DEFAULT_FUSED_MAX = 512 * 1024
+# Largest message (bytes of the summed rows) the fused kernel's packet region holds: calls of a few rows go in packets
+# of twice their bytes (`LaunchPolicy.reduce_norm_packet_max_rows`); 8 rows of up to 16,384 values of bf16.
+_PACKET_MAX = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -157,8 +161,9 @@ class P2PAllReduce:
         sms = torch.tensor([torch.cuda.get_device_properties(device).multi_processor_count], device=device)
         dist.all_reduce(sms, op=dist.ReduceOp.MIN, group=self.group)
         nbytes = 2 * self.world * max(self.policy.fused_max, 4096)
+        packet_bytes = 2 * self.world * 2 * _PACKET_MAX  # two slots of packets, twice the bytes of their rows
         # Held for the engine's life: every rank's buffer pointers point into it.
-        self.fused_buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+        self.fused_buffer = symm_mem.empty(nbytes + packet_bytes, dtype=torch.uint8, device=device)
         handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
         rank = dist.get_rank(self.group)
         handle.get_signal_pad(rank).zero_()
@@ -169,7 +174,8 @@ class P2PAllReduce:
         buffers = [ptr + at for ptr in handle.buffer_ptrs]
         return PeerMemory(rank, self.world, torch.tensor(buffers, dtype=torch.int64, device=device),
                           torch.tensor(handle.signal_pad_ptrs, dtype=torch.int64, device=device), nbytes, words,
-                          torch.zeros(words // self.world, dtype=torch.int32, device=device), int(sms.item()))
+                          torch.zeros(words // self.world, dtype=torch.int32, device=device), int(sms.item()),
+                          packet_bytes)
 
     def close(self) -> None:
         """Drop the group's extra name (before the group is destroyed)."""
