@@ -263,9 +263,9 @@ def paged_decode_attention(
 
 @dataclass(frozen=True)
 class _Rotary:
-    """What `rotary_decode_attention` folds into the decode launch: `rotary_write_kv`'s arguments."""
+    """What `rotary_decode_attention` folds into the decode launch: `rotary_write_kv`'s arguments but qkv (the launch's
+    q is a view of it)."""
 
-    qkv: torch.Tensor
     positions: torch.Tensor
     cos_sin: torch.Tensor
     slot_mapping: torch.Tensor
@@ -298,11 +298,12 @@ def rotary_decode_attention(
     """`kv_write.rotary_write_kv` and then `paged_decode_attention`, in one kernel, for a step whose every token is its
     sequence's one query: token b of the qkv projection [B, (Hq + 2 Hkv) D] is sequence b's, at `positions[b]`
     (`seq_lens[b] - 1`), its K/V going to `slot_mapping[b]` (< 0: a padding row, nothing stored). Returns the
-    attention output [B, Hq, D] (a new tensor; qkv is left as it is). Each program norms (`q_norm`/`k_norm`, Qwen3)
-    and rotates its query heads itself, and the one program of each (sequence, kv head) whose partition holds the
-    newest position stores the rotated key and the value before it reads the cache, so the stored bytes, q and the
-    output are those of the two calls (up to the order of the per-head norm's sum). Where the Gluon fp8 kernel takes
-    the call it is the two calls. Arguments as the two functions'."""
+    attention output [B, Hq, D] (a new tensor). Each program norms (`q_norm`/`k_norm`, Qwen3) and rotates its query
+    heads itself, and the one program of each (sequence, kv head) whose partition holds the newest position stores the
+    rotated key and the value before it reads the cache, so the stored bytes, q and the output are those of the two
+    calls (up to the order of the per-head norm's sum), and qkv is left as it is. Where the Gluon fp8 kernel takes the
+    call it is the two calls (q then rotated in place in qkv, as `rotary_write_kv` does). Arguments as the two
+    functions'."""
     check_rotary_args("rotary_decode_attention", qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
                       q_norm, k_norm, k_scale, v_scale)
     _require_triton(qkv, "rotary_decode_attention")
@@ -316,7 +317,7 @@ def rotary_decode_attention(
                             k_norm=k_norm, eps=eps, k_scale=k_scale, v_scale=v_scale, policy=policy)
         return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, None, num_splits, max_seq_len, k_scale,
                        v_scale, policy, None)
-    rotary = _Rotary(qkv, positions, cos_sin, slot_mapping, q_norm, k_norm, eps)
+    rotary = _Rotary(positions, cos_sin, slot_mapping, q_norm, k_norm, eps)
     return _decode(q, k_cache, v_cache, block_tables, seq_lens, scale, None, num_splits, max_seq_len, k_scale,
                    v_scale, policy, rotary)
 
@@ -325,8 +326,8 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block
             seq_lens: torch.Tensor, scale: float, out: torch.Tensor | None, num_splits: int | None,
             max_seq_len: int | None, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
             policy: LaunchPolicy | None, rotary: _Rotary | None) -> torch.Tensor:
-    """The launch of `paged_decode_attention` and `rotary_decode_attention` (checked arguments; with `rotary`, q is a
-    view of `rotary.qkv` and the Gluon kernel does not take the call)."""
+    """The launch of `paged_decode_attention` and `rotary_decode_attention` (checked arguments; with `rotary`, q is the
+    q part of the qkv projection, unrotated, and the Gluon kernel does not take the call)."""
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     if block_tables.shape[0] != batch:
@@ -369,7 +370,7 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block
                              offsets_64=offsets_64)
     else:
         # Without rotary its pointers are never dereferenced (out stands in for them).
-        r = rotary or _Rotary(out, seq_lens, out.view(-1, 1, 1), seq_lens, None, None, 0.0)
+        r = rotary or _Rotary(seq_lens, out.view(-1, 1, 1), seq_lens, None, None, 0.0)
         _decode_kernel[(batch, num_kv_heads, num_splits)](
             q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_m, part_l, counters,
             k_scale if fp8 else out, v_scale if fp8 else out,  # never dereferenced unless KV_FP8
