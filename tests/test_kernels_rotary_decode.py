@@ -160,6 +160,7 @@ def test_fused_decode_rejects_what_the_two_calls_reject() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "qk_norm"), [(32, 8, False), (16, 4, False), (16, 8, True)],
                          ids=["llama3-8b", "llama3-8b-tp2", "qwen3-0.6b"])
 def test_gpu_fused_decode_real_shapes_in_a_cuda_graph(num_heads: int, num_kv_heads: int, qk_norm: bool) -> None:
