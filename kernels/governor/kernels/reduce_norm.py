@@ -23,14 +23,14 @@ pad word per (row, sender) that the sender sets from 0 to 1 and the receiver tak
 a sender that is a call ahead waits for the receiver. Nothing runs on the host, so the kernel is captured into CUDA
 graphs like any other, and it is a link of the decode chain's programmatic dependent launch.
 
-Calls of a few rows (decode steps of small batches, `LaunchPolicy.reduce_norm_packet_max_rows`) take a second
-protocol, packets: a row goes as 8-byte packets, each 4 bytes of the row and 4 of a tag (the row's call number + 1),
-stored whole into the peer's packet region (its own two slots after the rows' region), and the receiver polls its
-packets until every one carries the call's tag. A flag must follow its row, so a sender fences (waits until the
-peer has its row) before it raises it, and the receiver then reads the row: two crossings one after the other.
-A packet is its own flag: one crossing, at twice the bytes. The tags of a slot's packets are those of the last call
-that wrote it (a call two back has another), so the slots need no reset; a sender cannot be two calls ahead, since
-its next call needs the receiver's packets of this one, which the receiver sends only after its own kernel of the
+Calls of a few rows (decode steps of small batches, `LaunchPolicy.reduce_norm_packet_max_rows`) take a second protocol,
+packets: a row goes as 8-byte packets, each 4 bytes of the row and 4 of a tag (the row's call number + 1), stored whole
+into the peer's packet region (its own two slots after the rows' region), and the receiver polls its packets until every
+one carries the call's tag. A flag must follow its row, so a sender fences (waits until the peer has its row) before it
+raises it, and the receiver then reads the row: two crossings one after the other. A packet is its own flag: one
+crossing, at twice the bytes. The tags of a slot's packets are those of the last call that wrote it (a call two back has
+another; the region starts at zero, and no tag is 0), so the slots need no reset; a sender cannot be two calls ahead,
+since its next call needs the receiver's packets of this one, which the receiver sends only after its own kernel of the
 last call has finished (every kernel of the step waits for the one before). Sums, roundings and outputs are the same
 bits under either protocol.
 
@@ -66,10 +66,11 @@ class PeerMemory:
     """Every rank's peer-visible buffer and signal pad as this rank sees them, and this rank's call counters.
 
     Made the same way on every rank: `buffers` and `signal_pads` are int64 [world] addresses (rank r's at r), on this
-    rank's device; each buffer holds `buffer_bytes`, each signal pad `signal_words` int32 words, zero at the start;
-    `calls` is this rank's int32 [signal_words // world] zeros; `programs` the most programs a call may launch that
-    are sure to run at once on every rank (the same number on every rank). The calls of all ranks must come in the
-    same order with the same shapes (they do: every rank runs the same step)."""
+    rank's device; each buffer holds `buffer_bytes` and then `packet_bytes` (zero at the start: no packet's tag is 0),
+    each signal pad `signal_words` int32 words, zero at the start; `calls` is this rank's int32 [signal_words // world]
+    zeros; `programs` the most programs a call may launch that are sure to run at once on every rank (the same number on
+    every rank). The calls of all ranks must come in the same order with the same shapes (they do: every rank runs the
+    same step)."""
 
     rank: int
     world: int

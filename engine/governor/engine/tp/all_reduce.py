@@ -152,8 +152,9 @@ class P2PAllReduce:
         self.peers = self._peer_memory(symm_mem, device)
 
     def _peer_memory(self, symm_mem: Any, device: torch.device) -> PeerMemory | None:
-        """The fused kernel's buffers (two slots of `fused_max` per rank, per sender) and signal pads, with every
-        rank's pad zeroed before any rank may raise a flag in it; None when the fused path is off."""
+        """The fused kernel's buffers (two slots of `fused_max` per rank, per sender, then the packet region) and signal
+        pads, with every rank's pad and packet region zeroed before any rank may write to it; None when the fused path
+        is off."""
         if self.policy.fused_max == 0:
             return None
         # A program of the fused kernel waits for its peers' programs, so all of a call's programs must run at once:
@@ -167,6 +168,7 @@ class P2PAllReduce:
         handle = symm_mem.rendezvous(self.fused_buffer, self.group_name)
         rank = dist.get_rank(self.group)
         handle.get_signal_pad(rank).zero_()
+        self.fused_buffer[nbytes:].zero_()  # no packet's tag is 0 (a call's is its number + 1)
         torch.cuda.synchronize(device)
         dist.barrier(group=self.group)
         words = handle.signal_pad_size // 4
