@@ -88,10 +88,9 @@ def _collect(out: Any, count: int, procs: list[Any]) -> dict[int, Any]:
 
 @pytest.mark.parametrize(("world", "dtype", "programs", "packet_rows"),
                          [(2, torch.bfloat16, 64, 0), (2, torch.float32, 3, 0), (3, torch.bfloat16, 1, 0),
-                          (3, torch.float32, 64, 0), (2, torch.bfloat16, 64, 4), (3, torch.float32, 1, 4),
-                          (2, torch.bfloat16, 3, 2), (3, torch.bfloat16, 64, 2)],
-                         ids=["2-bf16", "2-fp32-3-programs", "3-bf16-1-program", "3-fp32", "2-bf16-packets",
-                              "3-fp32-packets-1-program", "2-bf16-mixed-3-programs", "3-bf16-mixed"])
+                          (3, torch.float32, 64, 0), (3, torch.float32, 1, 4), (2, torch.bfloat16, 3, 2)],
+                         ids=["2-bf16", "2-fp32-3-programs", "3-bf16-1-program", "3-fp32", "3-fp32-packets-1-program",
+                              "2-bf16-mixed-3-programs"])
 def test_every_rank_gets_the_reference_sum_add_and_norm_call_after_call(world: int, dtype: torch.dtype,
                                                                         programs: int, packet_rows: int) -> None:
     """Calls of different row counts, with and without a residual, one after another as a step issues them: each

@@ -80,8 +80,8 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
 
 @needs_triton
 @pytest.mark.parametrize("num_splits", [1, 3, 12], ids=["unsplit", "folded", "reduced"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("cache", ["16-bit", "fp8"])
+@pytest.mark.parametrize(("dtype", "cache"), [(torch.float32, "16-bit"), (torch.bfloat16, "16-bit"),
+                                              (torch.bfloat16, "fp8")], ids=["fp32", "bf16", "bf16-fp8"])
 def test_fused_decode_stores_and_attends_like_the_two_calls(num_splits: int, dtype: torch.dtype, cache: str) -> None:
     # Splits 3 and 12: the newest token is in one partition of each sequence (the 130-token one in the last of 3,
     # the 7-token one's partitions are a tile each), and 12 > decode_fold_max_splits takes the reduce kernel.
