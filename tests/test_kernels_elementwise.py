@@ -165,6 +165,7 @@ def test_rotary_write_kv_rejects_a_qkv_of_the_wrong_width() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU runs the small shapes above)")
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "qk_norm", "hidden", "intermediate"),
                          [(32, 8, False, 4096, 14336), (16, 8, True, 1024, 3072)], ids=["llama3-8b", "qwen3-0.6b"])
 def test_gpu_fused_kernels_real_shapes(num_heads: int, num_kv_heads: int, qk_norm: bool, hidden: int,

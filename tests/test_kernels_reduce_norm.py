@@ -152,19 +152,23 @@ def test_too_many_rows_or_a_bad_shape_is_refused() -> None:
                                 weight, EPS, peers)
 
 
-@pytest.mark.parametrize("packet_rows", [0, 1], ids=["flags", "packets"])
-def test_a_lone_rank_waits_at_the_flags_until_its_peer_comes(packet_rows: int) -> None:
-    """The barrier is real: rank 0 alone does not finish, and does once rank 1 makes the same call (flags or
-    packets)."""
+def test_a_lone_rank_waits_at_the_flags_or_packets_until_its_peer_comes() -> None:
+    """The barrier is real under both protocols: rank 0 alone does not finish, and does once rank 1 makes the same
+    call. The two protocols' pairs run side by side, on memories of their own, so they share the wait."""
     packet_bytes = 2 * 2 * 2 * 32 * 4
-    memory = _shared(2, buffer_bytes=2 * 2 * 1 * 32 * 4, signal_words=2, packet_bytes=packet_bytes)
     calls = [{"x": [torch.full((1, 32), float(r + 1)) for r in range(2)], "residual": None,
               "weight": torch.ones(32)}]
-    out = mp.get_context("spawn").Queue()
-    procs = _start(2, memory, calls, range(1), out, packet_bytes=packet_bytes, packet_rows=packet_rows)
-    with pytest.raises(queue.Empty):
-        out.get(timeout=15.0)  # far longer than a call takes once both ranks are in
-    got = _collect(out, 2, procs + _start(2, memory, calls, range(1, 2), out, packet_bytes=packet_bytes,
-                                          packet_rows=packet_rows))
-    for rank in range(2):
-        assert torch.equal(got[rank][0][0][1], torch.full((1, 32), 3.0))
+    runs = []
+    for packet_rows in (0, 1):  # flags, packets
+        memory = _shared(2, buffer_bytes=2 * 2 * 1 * 32 * 4, signal_words=2, packet_bytes=packet_bytes)
+        out = mp.get_context("spawn").Queue()
+        procs = _start(2, memory, calls, range(1), out, packet_bytes=packet_bytes, packet_rows=packet_rows)
+        runs.append((packet_rows, memory, out, procs))
+    for _, _, out, _ in runs:
+        with pytest.raises(queue.Empty):
+            out.get(timeout=15.0 if out is runs[0][2] else 0.5)  # far longer than a call takes once both are in
+    for packet_rows, memory, out, procs in runs:
+        got = _collect(out, 2, procs + _start(2, memory, calls, range(1, 2), out, packet_bytes=packet_bytes,
+                                              packet_rows=packet_rows))
+        for rank in range(2):
+            assert torch.equal(got[rank][0][0][1], torch.full((1, 32), 3.0)), packet_rows
