@@ -112,9 +112,9 @@ def test_fused_decode_with_per_head_norms_matches_the_two_calls(num_heads: int, 
 
 
 @needs_triton
-def test_only_the_program_holding_the_newest_position_stores_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every partition but the writer's must leave the cache alone: a cache poisoned with NaN everywhere the step does
-    # not read shows a stray store as a NaN in a later step's read, and a missing one as the old value.
+def test_only_the_program_holding_the_newest_position_stores_it() -> None:
+    # Four partitions a sequence, one writer: exactly the two newest slots change, each once (a store by another
+    # partition would change another slot; a missing one, none).
     step = DecodeStep(4, 2, 32, torch.float32, lengths=(64, 64), block_size=16)
     before_k = step.k_cache.clone()
     _, _, got_k, _ = step.fused(num_splits=4)

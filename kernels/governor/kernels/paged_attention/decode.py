@@ -304,11 +304,10 @@ def rotary_decode_attention(
     calls (up to the order of the per-head norm's sum), and qkv is left as it is. Where the Gluon fp8 kernel takes the
     call it is the two calls (q then rotated in place in qkv, as `rotary_write_kv` does). Arguments as the two
     functions'."""
-    check_rotary_args("rotary_decode_attention", qkv, positions, cos_sin, num_heads, k_cache, v_cache, slot_mapping,
-                      q_norm, k_norm, k_scale, v_scale)
+    q, _ = check_rotary_args("rotary_decode_attention", qkv, positions, cos_sin, num_heads, k_cache, v_cache,
+                             slot_mapping, q_norm, k_norm, k_scale, v_scale)
     _require_triton(qkv, "rotary_decode_attention")
-    batch, head_dim = qkv.shape[0], k_cache.shape[3]
-    q = qkv[:, :num_heads * head_dim].view(batch, num_heads, head_dim)
+    head_dim = k_cache.shape[3]
     _check_attention_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale)
     policy = policy or policy_for(qkv.device)
     if _gluon_decode(policy, q.device, q.dtype, k_cache.dtype, head_dim, num_heads // k_cache.shape[2],
